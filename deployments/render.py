@@ -1,0 +1,75 @@
+"""Render deployment: chat template + tokenization on CPU, no engine.
+
+A thin router over vLLM's ``ServingRender``, built by vLLM's own
+``init_render_app_state`` as ``vllm launch render`` builds it, so a request
+renders to the same ``GenerateRequest`` here as there.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ray import serve
+from starlette.datastructures import State
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateRequest
+from vllm.entrypoints.serve.engine.protocol import ErrorResponse, ModelList
+
+from .config import GraphConfig
+from .vllm_args import serve_namespace
+
+
+async def build_render_state(config: GraphConfig) -> State:
+    """vLLM's render-server state (renderer, ServingRender, ServingDerender)."""
+    from vllm import AsyncEngineArgs, envs
+    from vllm.config import VllmConfig
+    from vllm.entrypoints.launchers.render.app_state import init_render_app_state
+
+    args = serve_namespace(config, role="render")
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    model_config = engine_args.create_model_config()
+    # As `vllm launch render`: no kernels and no KV cache on a render server.
+    model_config.quantization = None
+    envs.VLLM_CPU_KVCACHE_SPACE = 0
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = "0"
+    vllm_config = VllmConfig(
+        model_config=model_config,
+        logging_config=engine_args.create_logging_config(),
+        structured_outputs_config=engine_args.create_structured_outputs_config(),
+    )
+    state = State()
+    await init_render_app_state(vllm_config, state, args)
+    return state
+
+
+@serve.deployment(
+    name="Render",
+    ray_actor_options={"num_cpus": 0.25},
+    max_ongoing_requests=64,
+)
+class Render:
+    """Chat/completion request → ``GenerateRequest`` (errors come back as values)."""
+
+    async def __init__(self, config: GraphConfig) -> None:  # type: ignore[misc]
+        self._state = await build_render_state(config)
+
+    async def render_chat(self, request: ChatCompletionRequest) -> GenerateRequest | ErrorResponse:
+        return await self._state.serving_render.render_chat_request(request)
+
+    async def render_completion(
+        self, request: CompletionRequest
+    ) -> list[GenerateRequest] | ErrorResponse:
+        return await self._state.serving_render.render_completion_request(request)
+
+    async def models(self) -> ModelList:
+        return await self._state.openai_serving_models.show_available_models()
+
+    async def ready(self) -> bool:
+        """The ingress's readiness probe: answers once __init__ has finished."""
+        return True
+
+    async def check_health(self) -> None:
+        """Serve's health probe: the renderer must exist."""
+        if getattr(self._state, "serving_render", None) is None:
+            raise RuntimeError("render state is not initialised")

@@ -1,0 +1,54 @@
+"""The scaleout-serve deployment graph.
+
+    serve run graph:app                                  # embedded tiny model on CPU
+    serve run graph:build_app model=/path/to/hf-model …  # any HF-format model
+    serve run configs/local.yaml                         # a Serve config file
+
+``build_app`` validates its args with :class:`deployments.config.GraphConfig`
+(unknown keys and bad values fail here, before anything starts) and binds
+Ingress → Render + Generate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.serve import Application
+from ray.serve.deployment import Deployment
+
+from deployments.config import DeploymentOptions, GraphConfig
+from deployments.generate import Generate, engine_env
+from deployments.ingress import Ingress
+from deployments.render import Render
+
+# The embedded default: the tiny model this repo builds, with its parsers.
+EMBEDDED_DEFAULT: dict[str, Any] = {"reasoning_parser": "qwen3", "tool_call_parser": "hermes"}
+
+
+def _with_options(
+    deployment: Any, opts: DeploymentOptions, actor: dict[str, Any] | None = None
+) -> Deployment:
+    """The deployment with the config's replicas/resources over its own defaults."""
+    actor_options = dict(deployment.ray_actor_options or {})
+    actor_options.update(actor or {})
+    if opts.num_cpus is not None:
+        actor_options["num_cpus"] = opts.num_cpus
+    return deployment.options(ray_actor_options=actor_options, **opts.to_serve())
+
+
+def build_graph(config: GraphConfig) -> Application:
+    """Bind the graph for an already-validated config."""
+    render = _with_options(Render, config.render).bind(config)
+    generate_actor: dict[str, Any] = {"runtime_env": {"env_vars": engine_env(config)}}
+    if config.num_gpus:
+        generate_actor["num_gpus"] = config.num_gpus
+    generate = _with_options(Generate, config.generate, generate_actor).bind(config)
+    return _with_options(Ingress, config.ingress).bind(config, render, generate)
+
+
+def build_app(args: dict[str, Any]) -> Application:
+    """``serve run graph:build_app key=value …`` and Serve config ``args``."""
+    return build_graph(GraphConfig.from_args(args))
+
+
+app = build_app(EMBEDDED_DEFAULT)

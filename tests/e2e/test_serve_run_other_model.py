@@ -1,0 +1,81 @@
+"""`serve run` of graph:build_app with a model named on the command line.
+
+The model is a copy of the tiny model under another folder and served name:
+nothing in the graph may be hard-wired to the embedded default.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.support.servers import TINY_MODEL, VENV_BIN, free_port, running
+
+
+@pytest.fixture(scope="module")
+def other_model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("other")
+    model = tmp / "some-other-model"
+    shutil.copytree(TINY_MODEL, model)
+    port = free_port()
+    # `serve run IMPORT_PATH key=value …` binds Serve's default port, so the
+    # same builder is driven through a config file that sets a free port.
+    config = tmp / "serve.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "http_options": {"host": "127.0.0.1", "port": port},
+                "applications": [
+                    {
+                        "name": "other",
+                        "route_prefix": "/",
+                        "import_path": "graph:build_app",
+                        "args": {
+                            "model": str(model),
+                            "served_model_name": "other",
+                            "max_model_len": 1024,
+                            "kv_cache_gib": 1,
+                        },
+                    }
+                ],
+            }
+        )
+    )
+    with running(
+        [str(VENV_BIN / "serve"), "run", str(config)],
+        port=port,
+        log_path=tmp / "serve.log",
+        env={"RAY_USAGE_STATS_ENABLED": "0"},
+    ) as server:
+        yield server.base_url
+
+
+def test_serves_the_named_model(other_model_server: str) -> None:
+    with httpx.Client(base_url=other_model_server, timeout=120) as client:
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["other"]
+        body = {"model": "other", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+        reply = client.post("/v1/chat/completions", json=body)
+        assert reply.status_code == 200, reply.text
+        # No parsers configured here: the raw think block stays in content.
+        assert (
+            "Hello! How can I help you today?" in reply.json()["choices"][0]["message"]["content"]
+        )
+        assert reply.json()["model"] == "other"
+
+
+def test_unknown_model_is_404(other_model_server: str) -> None:
+    body = {"model": str(TINY_MODEL), "messages": [{"role": "user", "content": "hi"}]}
+    reply = httpx.post(f"{other_model_server}/v1/chat/completions", json=body, timeout=60)
+    assert reply.status_code == 404
+    assert reply.json()["error"]["type"] == "NotFoundError"
+
+
+def test_max_model_len_reaches_the_engine(other_model_server: str) -> None:
+    listing = httpx.get(f"{other_model_server}/v1/models", timeout=30).json()
+    assert listing["data"][0]["max_model_len"] == 1024
+    assert Path(listing["data"][0]["root"]).name == "some-other-model"

@@ -1,0 +1,166 @@
+"""Render → generate → ingress on a real graph and a real vLLM engine, over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+from transformers import AutoTokenizer
+
+from tests.integration.conftest import GRAPH_ARGS, MODEL, TOKENS_ONLY_PREFIX
+
+HI = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def sse_payloads(body: str) -> list[Any]:
+    """``data:`` payloads of an SSE body, ``[DONE]`` kept as the string."""
+    out: list[Any] = []
+    for line in body.splitlines():
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def rendered(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
+    response = client.post("/v1/chat/completions/render", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_health_and_models(client: httpx.Client) -> None:
+    assert client.get("/health").status_code == 200
+    models = client.get("/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+
+
+def test_render_equals_vllm_render_serving(client: httpx.Client) -> None:
+    """Our /render returns what vLLM's own render server state returns."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    from deployments.config import GraphConfig
+    from deployments.render import build_render_state
+
+    state = asyncio.run(build_render_state(GraphConfig.from_args(GRAPH_ARGS)))
+    chat = {**HI, "request_id": "fixed-id", "max_tokens": 7, "temperature": 0}
+    ours = rendered(client, chat)
+    theirs = asyncio.run(
+        state.serving_render.render_chat_request(ChatCompletionRequest.model_validate(chat))
+    )
+    assert ours == json.loads(json.dumps(theirs.model_dump()))
+
+    completion = {"model": MODEL, "prompt": "The capital of", "request_id": "c-id", "max_tokens": 5}
+    response = client.post("/v1/completions/render", json=completion)
+    assert response.status_code == 200, response.text
+    theirs_list = asyncio.run(
+        state.serving_render.render_completion_request(CompletionRequest.model_validate(completion))
+    )
+    assert response.json() == json.loads(json.dumps([r.model_dump() for r in theirs_list]))
+
+
+def test_tokens_mode_returns_token_ids(client: httpx.Client) -> None:
+    request = rendered(client, {**HI, "max_tokens": 12, "temperature": 0})
+    response = client.post("/inference/v1/generate", json=request)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["output_mode"] == "tokens"
+    assert len(body["choices"][0]["token_ids"]) > 0
+    assert "text" not in body["choices"][0]
+
+
+def test_text_mode_text_equals_detokenized_token_ids(client: httpx.Client) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(MODEL)
+    for prompt in ("hi", "What is the capital of Japan?", "think: what is 2 plus 3?"):
+        body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}]}
+        request = rendered(client, {**body, "max_tokens": 40, "temperature": 0})
+        request["output_mode"] = "text"
+        response = client.post("/inference/v1/generate", json=request)
+        assert response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        assert choice["text"], choice
+        assert choice["text"] == tokenizer.decode(choice["token_ids"], skip_special_tokens=True)
+
+
+def test_text_mode_400_when_detokenize_false(client: httpx.Client) -> None:
+    request = rendered(client, {**HI, "max_tokens": 4})
+    request["output_mode"] = "text"
+    request["sampling_params"]["detokenize"] = False
+    response = client.post("/inference/v1/generate", json=request)
+    assert response.status_code == 400
+    assert "detokenize" in response.json()["error"]["message"]
+
+
+def test_text_mode_400_on_tokens_only_graph(client: httpx.Client) -> None:
+    request = rendered(client, {**HI, "max_tokens": 4})
+    tokens = client.post(f"{TOKENS_ONLY_PREFIX}/inference/v1/generate", json=request)
+    assert tokens.status_code == 200, tokens.text
+    request["output_mode"] = "text"
+    response = client.post(f"{TOKENS_ONLY_PREFIX}/inference/v1/generate", json=request)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == 400 and "tokenizer" in error["message"]
+
+
+@pytest.mark.parametrize("output_mode", ["tokens", "text"])
+def test_stream_and_unary_agree_under_greedy(client: httpx.Client, output_mode: str) -> None:
+    request = rendered(client, {**HI, "max_tokens": 24, "temperature": 0})
+    request["output_mode"] = output_mode
+    unary = client.post("/inference/v1/generate", json={**request, "stream": False}).json()
+    streamed = client.post("/inference/v1/generate", json={**request, "stream": True})
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    events = sse_payloads(streamed.text)
+    assert events[-1] == "[DONE]"
+    chunks = [e for e in events[:-1] if e["choices"]]
+    token_ids = [t for c in chunks for t in c["choices"][0]["token_ids"]]
+    assert token_ids == unary["choices"][0]["token_ids"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == unary["choices"][0]["finish_reason"]
+    if output_mode == "text":
+        text = "".join(c["choices"][0]["text"] for c in chunks)
+        assert text == unary["choices"][0]["text"]
+
+
+def test_chat_completion_plain_answer(client: httpx.Client) -> None:
+    response = client.post("/v1/chat/completions", json={**HI, "temperature": 0})
+    assert response.status_code == 200, response.text
+    message = response.json()["choices"][0]["message"]
+    assert message["content"].strip() == "Hello! How can I help you today?"
+
+
+def test_chat_completion_stream_ends_with_done(client: httpx.Client) -> None:
+    response = client.post("/v1/chat/completions", json={**HI, "temperature": 0, "stream": True})
+    assert response.status_code == 200
+    events = sse_payloads(response.text)
+    assert events[-1] == "[DONE]"
+    content = "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1])
+    assert content.strip() == "Hello! How can I help you today?"
+    assert events[-2]["choices"][0]["finish_reason"] == "stop"
+    assert all(e["object"] == "chat.completion.chunk" for e in events[:-1])
+
+
+def test_completions_unary_and_stream(client: httpx.Client) -> None:
+    body = {"model": MODEL, "prompt": "The capital of France", "max_tokens": 8, "temperature": 0}
+    unary = client.post("/v1/completions", json=body)
+    assert unary.status_code == 200, unary.text
+    text = unary.json()["choices"][0]["text"]
+    streamed = sse_payloads(client.post("/v1/completions", json={**body, "stream": True}).text)
+    assert streamed[-1] == "[DONE]"
+    assert "".join(e["choices"][0]["text"] for e in streamed[:-1] if e["choices"]) == text
+    assert unary.json()["usage"]["completion_tokens"] == 8
+
+
+def test_openai_sdk_chat(graph: Any) -> None:
+    from openai import OpenAI
+
+    sdk = OpenAI(base_url=f"{graph.base_url}/v1", api_key="unused")
+    reply = sdk.chat.completions.create(model=MODEL, messages=HI["messages"], temperature=0)
+    assert reply.choices[0].message.content is not None
+    assert reply.choices[0].message.content.strip() == "Hello! How can I help you today?"
+    stream = sdk.chat.completions.create(
+        model=MODEL, messages=HI["messages"], temperature=0, stream=True
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert text.strip() == "Hello! How can I help you today?"

@@ -1,0 +1,135 @@
+"""Start a server process on a free loopback port, wait for /health, stop it by PID.
+
+One helper for every server the tests run: a Serve graph (``serve run`` of a
+config file) and vLLM's own OpenAI server as a reference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+TINY_MODEL = REPO / "models" / "tiny-chat"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Server:
+    base_url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log_tail(self, lines: int = 60) -> str:
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+
+def wait_healthy(server: Server, health_paths: Sequence[str], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = list(health_paths)
+    while pending:
+        if server.process.poll() is not None:
+            raise RuntimeError(
+                f"server exited with {server.process.returncode}:\n{server.log_tail()}"
+            )
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{pending} not healthy after {timeout_s}s:\n{server.log_tail()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(server.base_url + pending[0], timeout=15).status_code == 200:
+                pending.pop(0)
+                continue
+        time.sleep(1)
+
+
+def stop(server: Server, grace_s: float = 20) -> None:
+    """Stop the process group we started (serve run's Ray cluster included)."""
+    if server.process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.process.pid, signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.process.wait(grace_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        server.process.wait(10)
+
+
+@contextlib.contextmanager
+def running(
+    argv: Sequence[str],
+    *,
+    port: int,
+    log_path: Path,
+    health_paths: Sequence[str] = ("/health",),
+    env: dict[str, str] | None = None,
+    timeout_s: float = 420,
+) -> Iterator[Server]:
+    """Run ``argv`` in its own session, yield once every health path is 200."""
+    log = log_path.open("wb")
+    proc_env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", **(env or {})}
+    process = subprocess.Popen(
+        list(argv),
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=proc_env,
+        start_new_session=True,
+    )
+    server = Server(f"http://127.0.0.1:{port}", process, log_path)
+    try:
+        wait_healthy(server, health_paths, timeout_s)
+        yield server
+    finally:
+        stop(server)
+        log.close()
+
+
+def serve_config(port: int, apps: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """A Serve config: ``{name: (route_prefix, build_app args)}`` on 127.0.0.1:port."""
+    return {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "127.0.0.1", "port": port},
+        "applications": [
+            {"name": name, "route_prefix": prefix, "import_path": "graph:build_app", "args": args}
+            for name, (prefix, args) in apps.items()
+        ],
+    }
+
+
+@contextlib.contextmanager
+def running_graph(
+    tmp_dir: Path, apps: dict[str, tuple[str, dict[str, Any]]], timeout_s: float = 420
+) -> Iterator[Server]:
+    """``serve run`` a config of our graph on a free port; /health of every app up."""
+    port = free_port()
+    config_path = tmp_dir / "serve.yaml"
+    config_path.write_text(yaml.safe_dump(serve_config(port, apps)))
+    health = [f"{prefix.rstrip('/')}/health" for prefix, _ in apps.values()]
+    with running(
+        [str(VENV_BIN / "serve"), "run", str(config_path)],
+        port=port,
+        log_path=tmp_dir / "serve.log",
+        health_paths=health,
+        env={"RAY_USAGE_STATS_ENABLED": "0"},
+        timeout_s=timeout_s,
+    ) as server:
+        yield server

@@ -1,0 +1,63 @@
+"""The embedded model: rebuilt bit-for-bit by its script, with the tokens parsers need."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from transformers import AutoTokenizer
+
+from tests.support.servers import REPO, TINY_MODEL
+
+
+def test_tokenizer_has_the_chat_and_parser_tokens() -> None:
+    tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
+    vocab = tokenizer.get_vocab()
+    for token in (
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|endoftext|>",
+        "<think>",
+        "</think>",
+        "<tool_call>",
+        "</tool_call>",
+    ):
+        assert token in vocab, token
+        assert tokenizer.encode(token, add_special_tokens=False) == [vocab[token]]
+    # Markup tokens survive skip_special_tokens, as in Qwen3; turn tokens do not.
+    ids = tokenizer.encode("<think>x</think><|im_end|>", add_special_tokens=False)
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "<think>x</think>"
+
+
+def test_chat_template_renders_tools_and_thinking_switch() -> None:
+    tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
+    messages = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    with_tools = tokenizer.apply_chat_template(
+        messages, tools=[tool], tokenize=False, add_generation_prompt=True
+    )
+    assert "- get_weather(city)" in with_tools
+    assert with_tools.endswith("<|im_start|>assistant\n")
+    no_think = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
+    assert no_think.endswith("<think>\n\n</think>\n\n")
+
+
+def test_build_script_rebuilds_bit_for_bit() -> None:
+    result = subprocess.run(
+        [sys.executable, "scripts/build_tiny_model.py", "--check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "bit-for-bit equal" in result.stdout
+    assert "greedy replies reproduced: 136/136" in result.stderr
