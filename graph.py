@@ -6,7 +6,7 @@
 
 ``build_app`` validates its args with :class:`deployments.config.GraphConfig`
 (unknown keys and bad values fail here, before anything starts) and binds
-Ingress → Render + Generate.
+Ingress → Render + Generate + Derender (→ Generate).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from ray.serve import Application
 from ray.serve.deployment import Deployment
 
 from deployments.config import DeploymentOptions, GraphConfig
+from deployments.derender import Derender
 from deployments.generate import Generate, engine_env
 from deployments.ingress import Ingress
 from deployments.render import Render
@@ -43,7 +44,8 @@ def build_graph(config: GraphConfig) -> Application:
     if config.num_gpus:
         generate_actor["num_gpus"] = config.num_gpus
     generate = _with_options(Generate, config.generate, generate_actor).bind(config)
-    return _with_options(Ingress, config.ingress).bind(config, render, generate)
+    derender = _with_options(Derender, config.derender).bind(config, generate)
+    return _with_options(Ingress, config.ingress).bind(config, render, generate, derender)
 
 
 def build_app(args: dict[str, Any]) -> Application:

@@ -81,7 +81,9 @@ class DeploymentOptions(_Strict):
         """Keyword arguments for ``Deployment.options``; only what was set."""
         opts: dict[str, Any] = {}
         if self.num_replicas is not None:
+            # A fixed count replaces the class's own autoscaling default.
             opts["num_replicas"] = self.num_replicas
+            opts["autoscaling_config"] = None
         if self.autoscaling is not None:
             opts["autoscaling_config"] = self.autoscaling.to_serve()
         if self.max_ongoing_requests is not None:
@@ -119,10 +121,16 @@ class GraphConfig(_Strict):
     )
     num_gpus: float = Field(0, ge=0, description="GPUs per Generate replica; 0 runs on CPU.")
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM --tensor-parallel-size.")
+    text_placement: TextPlacement = Field(
+        "inline",
+        description="Where /v1 text is made: `inline` in Generate, or the Derender `tier`. "
+        "A request overrides it with the X-Text-Placement header.",
+    )
     api_key: SecretStr | None = Field(None, description="Bearer key for /v1 and /inference.")
     ingress: DeploymentOptions = Field(default_factory=DeploymentOptions)
     render: DeploymentOptions = Field(default_factory=DeploymentOptions)
     generate: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    derender: DeploymentOptions = Field(default_factory=DeploymentOptions)
 
     @property
     def model_name(self) -> str:
@@ -133,6 +141,11 @@ class GraphConfig(_Strict):
         local = Path(self.model)
         if (local.is_absolute() or self.model.startswith(".")) and not local.is_dir():
             raise ValueError(f"model folder {self.model!r} does not exist")
+        if self.tokens_only and self.text_placement == "inline":
+            raise ValueError(
+                "text_placement 'inline' needs a tokenizer on Generate, which tokens_only "
+                "removes; use text_placement=tier"
+            )
         if self.num_gpus == 0 and self.tensor_parallel_size > 1:
             raise ValueError("tensor_parallel_size > 1 needs num_gpus > 0")
         return self

@@ -27,7 +27,7 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
 from .config import GraphConfig
-from .protocol import TextJob
+from .protocol import TextJob, served_by
 from .text_output import TextOutput, tokens_request
 from .vllm_args import serve_namespace
 
@@ -108,6 +108,7 @@ class Generate:
                 }
             )
             return
+        yield served_by("inline")
         stream = bool(job.generate_request.stream)
         result = await self._state.serving_tokens.serve_tokens(tokens_request(job, stream=stream))
         if isinstance(result, ErrorResponse):

@@ -50,6 +50,13 @@ from vllm.renderers.online_derenderer import (
     _seed_stream_state,
 )
 
+from .stop_strings import StopStringHoldback, ended_on_stop_token
+
+
+def stop_strings(request: ChatCompletionRequest | CompletionRequest) -> list[str] | None:
+    stop = request.stop
+    return [stop] if isinstance(stop, str) else stop
+
 
 @dataclass
 class _ParsedChoice:
@@ -57,6 +64,7 @@ class _ParsedChoice:
 
     parser: Parser
     detok: DerenderStreamState
+    holdback: StopStringHoldback
     role_sent: bool = False
     tools_streamed: bool = False
     logprob_context: list[int] = field(default_factory=list)
@@ -92,6 +100,7 @@ class ChatStreamDerenderer:
         self._choices: dict[int, _ParsedChoice] = {}
         # Plain path: vLLM's own stream function, state carried here per choice.
         self._plain_states: dict[int, DerenderStreamState | None] = {}
+        self._plain_holdbacks: dict[int, StopStringHoldback] = {}
         self._template_kwargs: dict[str, Any] | None = None
         skip_special, spaces = _decode_params(
             self._tokenizer, chat_request, preserve_special=self._parsed
@@ -119,7 +128,18 @@ class ChatStreamDerenderer:
         )
         if index >= 0:
             self._plain_states[index] = new_state
+        for choice in out.choices:
+            holdback = self._plain_holdbacks.setdefault(choice.index, self._new_holdback())
+            text = holdback.push(
+                choice.delta.content or "", choice.finish_reason, choice.stop_reason
+            )
+            choice.delta.content = text or None
         return out
+
+    def _new_holdback(self) -> StopStringHoldback:
+        return StopStringHoldback(
+            stop_strings(self._request), self._request.include_stop_str_in_output
+        )
 
     def _choice(self, index: int) -> _ParsedChoice:
         state = self._choices.get(index)
@@ -139,16 +159,9 @@ class ChatStreamDerenderer:
             detok = _seed_stream_state(
                 self._tokenizer, self._prompt_token_ids, skip_special_tokens=self._skip_special
             )
-            state = self._choices[index] = _ParsedChoice(parser=parser, detok=detok)
+            holdback = self._new_holdback()
+            state = self._choices[index] = _ParsedChoice(parser, detok, holdback)
         return state
-
-    def _stop_token_ended(self, finish_reason: str | None, stop_reason: int | str | None) -> bool:
-        """Ended on EOS or a stop token id (a stop *string* reports its text)."""
-        return (
-            finish_reason == "stop"
-            and not isinstance(stop_reason, str)
-            and not self._request.include_stop_str_in_output
-        )
 
     def feed_parsed(self, chunk: GenerateTokensStreamResponse) -> ChatCompletionStreamResponse:
         """The parsed path: one ``parse_delta`` per engine chunk, no replay."""
@@ -163,7 +176,9 @@ class ChatStreamDerenderer:
             if delta_ids or finished:
                 text = ""
                 text_ids = delta_ids
-                if self._stop_token_ended(choice.finish_reason, choice.stop_reason):
+                if ended_on_stop_token(
+                    choice.finish_reason, choice.stop_reason, request.include_stop_str_in_output
+                ):
                     # As the engine's detokenizer: the stop token has no text.
                     text_ids = delta_ids[:-1]
                 if text_ids:
@@ -174,6 +189,7 @@ class ChatStreamDerenderer:
                         skip_special_tokens=self._skip_special,
                         spaces_between_special_tokens=self._spaces_between,
                     )
+                text = state.holdback.push(text, choice.finish_reason, choice.stop_reason)
                 delta = state.parser.parse_delta(
                     text,
                     delta_ids,
@@ -238,6 +254,7 @@ class CompletionStreamDerenderer:
         self._prompt_token_ids = prompt_token_ids
         self._model_name = model_name
         self._states: dict[int, DerenderStreamState | None] = {}
+        self._holdbacks: dict[int, StopStringHoldback] = {}
 
     async def feed(self, chunk: GenerateTokensStreamResponse) -> CompletionStreamResponse:
         index = chunk.choices[0].index if chunk.choices else -1
@@ -251,4 +268,12 @@ class CompletionStreamDerenderer:
         )
         if index >= 0:
             self._states[index] = new_state
+        for choice in out.choices:
+            holdback = self._holdbacks.setdefault(
+                choice.index,
+                StopStringHoldback(
+                    stop_strings(self._request), self._request.include_stop_str_in_output
+                ),
+            )
+            choice.text = holdback.push(choice.text, choice.finish_reason, choice.stop_reason)
         return out

@@ -13,21 +13,35 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionResponse
+from vllm.entrypoints.openai.chat_completion.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+)
 from vllm.entrypoints.openai.completion.protocol import CompletionResponse
 from vllm.entrypoints.scale_out.derender.serving import ServingDerender
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
-    DerenderChatRequest,
     DerenderCompletionRequest,
     GenerateRequest,
     GenerateTokensResponse,
     GenerateTokensStreamResponse,
 )
-from vllm.entrypoints.serve.engine.protocol import ErrorResponse
-from vllm.renderers.online_derenderer import OnlineDerenderer
+from vllm.entrypoints.serve.engine.protocol import (
+    CompletionTokenUsageInfo,
+    ErrorResponse,
+    UsageInfo,
+)
+from vllm.renderers.online_derenderer import (
+    OnlineDerenderer,
+    _decode_params,
+    _resolve_logprobs,
+    _seed_stream_state,
+)
 
+from .chat_message import GeneratedChoice, chat_choice
+from .errors import bad_request
 from .protocol import TextJob
 from .sse import DONE, sse_event
+from .stop_strings import cut_at_stop, ended_on_stop_string, ended_on_stop_token
 from .stream_derenderer import ChatStreamDerenderer, CompletionStreamDerenderer
 
 
@@ -49,16 +63,9 @@ class TextOutput:
         prompt = job.generate_request.token_ids
         response = response.model_copy(update={"request_id": job.generate_request.request_id})
         if job.chat_request is not None:
-            return await self._serving.derender_chat_response(
-                DerenderChatRequest(
-                    model=job.model_name,
-                    generate_response=response,
-                    prompt_tokens=len(prompt),
-                    prompt_token_ids=prompt,
-                    chat_request=job.chat_request,
-                )
-            )
-        return await self._serving.derender_completion_response(
+            return self._unary_chat(job, job.chat_request, response)
+        assert job.completion_request is not None
+        completion = await self._serving.derender_completion_response(
             DerenderCompletionRequest(
                 model=job.model_name,
                 generate_responses=[response],
@@ -66,6 +73,64 @@ class TextOutput:
                 prompt_token_ids=[prompt],
                 completion_request=job.completion_request,
             )
+        )
+        if isinstance(completion, CompletionResponse):
+            include = job.completion_request.include_stop_str_in_output
+            for choice in completion.choices:
+                if ended_on_stop_string(choice.finish_reason, choice.stop_reason, include):
+                    assert isinstance(choice.stop_reason, str)
+                    choice.text = cut_at_stop(choice.text, choice.stop_reason)
+        return completion
+
+    def _unary_chat(
+        self, job: TextJob, request: ChatCompletionRequest, response: GenerateTokensResponse
+    ) -> ChatCompletionResponse | ErrorResponse:
+        """As vLLM's coupled ``/v1/chat/completions`` builds a non-streamed response."""
+        derenderer = self._derenderer
+        tokenizer = derenderer.renderer.get_tokenizer()
+        prompt = job.generate_request.token_ids
+        skip, spaces = _decode_params(
+            tokenizer, request, preserve_special=derenderer.parser is not None
+        )
+        include_stop = request.include_stop_str_in_output
+        choices, reasoning_tokens = [], 0
+        for gen in response.choices:
+            if not gen.token_ids:
+                return bad_request(f"choice {gen.index} has no token_ids")
+            text_ids = gen.token_ids
+            if ended_on_stop_token(gen.finish_reason, gen.stop_reason, include_stop):
+                text_ids = text_ids[:-1]
+            seed = _seed_stream_state(tokenizer, prompt, skip_special_tokens=skip)
+            text, _ = derenderer._detokenize_delta(
+                tokenizer, text_ids, seed, skip, spaces_between_special_tokens=spaces
+            )
+            if ended_on_stop_string(gen.finish_reason, gen.stop_reason, include_stop):
+                assert isinstance(gen.stop_reason, str)
+                text = cut_at_stop(text, gen.stop_reason)
+            logprobs = _resolve_logprobs(gen.logprobs, tokenizer) if gen.logprobs else None
+            generated = GeneratedChoice(
+                gen.index, text, gen.token_ids, gen.finish_reason, gen.stop_reason, logprobs
+            )
+            choice, reasoning = chat_choice(derenderer, request, prompt, generated)
+            choices.append(choice)
+            reasoning_tokens += reasoning
+        completion_tokens = sum(len(c.token_ids or []) for c in response.choices)
+        parser = derenderer.parser
+        return ChatCompletionResponse(
+            id=job.generate_request.request_id,
+            model=job.model_name,
+            choices=choices,
+            usage=UsageInfo(
+                prompt_tokens=len(prompt),
+                completion_tokens=completion_tokens,
+                total_tokens=len(prompt) + completion_tokens,
+                completion_tokens_details=CompletionTokenUsageInfo(
+                    reasoning_tokens=reasoning_tokens
+                )
+                if parser is not None and parser.reasoning_parser_cls is not None
+                else None,
+            ),
+            kv_transfer_params=response.kv_transfer_params,
         )
 
     async def stream(self, job: TextJob, source: AsyncIterator[str]) -> AsyncIterator[str]:

@@ -17,7 +17,12 @@ def test_defaults_point_at_the_embedded_model() -> None:
 
 def test_cli_strings_are_coerced_and_dotted_keys_nest() -> None:
     config = GraphConfig.from_args(
-        {"max_model_len": "2048", "tokens_only": "true", "generate.num_replicas": "2"}
+        {
+            "max_model_len": "2048",
+            "tokens_only": "true",
+            "text_placement": "tier",
+            "generate.num_replicas": "2",
+        }
     )
     assert config.max_model_len == 2048
     assert config.tokens_only is True
@@ -55,6 +60,8 @@ def test_tensor_parallel_needs_gpus() -> None:
 def test_deployment_options_emit_only_what_was_set() -> None:
     config = GraphConfig.from_args({"generate.max_ongoing_requests": "4"})
     assert config.generate.to_serve() == {"max_ongoing_requests": 4}
+    fixed = GraphConfig.from_args({"derender.num_replicas": "2"})
+    assert fixed.derender.to_serve() == {"num_replicas": 2, "autoscaling_config": None}
     scaled = GraphConfig.from_args({"render.autoscaling.max_replicas": "3"})
     assert scaled.render.to_serve()["autoscaling_config"]["max_replicas"] == 3
 
@@ -68,3 +75,14 @@ def test_api_key_is_secret() -> None:
     config = GraphConfig.from_args({"api_key": "sk-test"})
     assert "sk-test" not in repr(config)
     assert config.api_key is not None and config.api_key.get_secret_value() == "sk-test"
+
+
+def test_tokens_only_rejects_inline_text() -> None:
+    with pytest.raises(ValidationError, match="text_placement=tier"):
+        GraphConfig.from_args({"tokens_only": "true"})
+    assert GraphConfig.from_args({"tokens_only": "true", "text_placement": "tier"}).tokens_only
+
+
+def test_text_placement_is_checked() -> None:
+    with pytest.raises(ValidationError, match="text_placement"):
+        GraphConfig.from_args({"text_placement": "sideways"})

@@ -18,7 +18,12 @@ def test_parsers_enable_auto_tool_choice() -> None:
 
 def test_tokens_only_generate_drops_parsers_but_render_keeps_them() -> None:
     config = GraphConfig.from_args(
-        {"tokens_only": True, "reasoning_parser": "qwen3", "tool_call_parser": "hermes"}
+        {
+            "tokens_only": True,
+            "text_placement": "tier",
+            "reasoning_parser": "qwen3",
+            "tool_call_parser": "hermes",
+        }
     )
     generate = serve_cli(config, role="generate")
     assert "--tokens-only" in generate and "--reasoning-parser" not in generate

@@ -1,0 +1,192 @@
+"""Derender deployment: the CPU text tier, autoscaled on its own.
+
+Stateful streams: a replica takes a rendered request, calls Generate through a
+streamed DeploymentHandle (``output_mode: tokens``) and runs the chunks through
+the stream derenderer, whose parser and detokenizer live in this replica for
+the stream's whole life. Cancelling the caller cancels the generate call.
+
+Stateless endpoints: vLLM's ``/v1/chat/completions/derender`` and
+``/v1/completions/derender`` (batch, and per-chunk with ``stream_state``),
+answered by vLLM's own ``ServingDerender`` as ``vllm launch render`` does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+from vllm.entrypoints.openai.chat_completion.protocol import (
+    ChatCompletionResponse,
+    ChatCompletionStreamResponse,
+)
+from vllm.entrypoints.openai.completion.protocol import CompletionResponse
+from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
+    DerenderChatRequest,
+    DerenderChatStreamRequest,
+    DerenderChatStreamResponse,
+    DerenderCompletionRequest,
+    DerenderCompletionStreamRequest,
+    DerenderCompletionStreamResponse,
+    GenerateRequest,
+    GenerateTokensResponse,
+)
+from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+
+from .config import GraphConfig
+from .protocol import (
+    DerenderChoice,
+    DerenderStreamChoice,
+    GenerateDerenderResponse,
+    GenerateDerenderStreamResponse,
+    ParseContext,
+    ServedBy,
+    TextJob,
+    served_by,
+)
+from .render import build_render_state
+from .sse import sse_event
+from .text_output import TextOutput, parse_sse, tokens_request
+
+
+@serve.deployment(
+    name="Derender",
+    ray_actor_options={"num_cpus": 0.25},
+    max_ongoing_requests=64,
+    autoscaling_config={
+        "min_replicas": 1,
+        "max_replicas": 4,
+        "target_ongoing_requests": 8,
+        "upscale_delay_s": 2,
+        "downscale_delay_s": 10,
+    },
+)
+class Derender:
+    async def __init__(self, config: GraphConfig, generate: DeploymentHandle) -> None:  # type: ignore[misc]
+        self._config = config
+        self._state = await build_render_state(config)
+        self._text = TextOutput(self._state.online_derenderer, self._state.serving_derender)
+        self._generate = generate.options(stream=True)
+
+    async def _generate_events(self, request: GenerateRequest) -> AsyncGenerator[Any, None]:
+        """Generate's items for ``request``; the call is cancelled if we stop early."""
+        call: Any = self._generate.generate.remote(request)
+        try:
+            async for item in call:
+                yield item
+        finally:
+            call.cancel()
+
+    async def text(self, job: TextJob) -> AsyncIterator[Any]:
+        """Tier placement: OpenAI chat/completion output for a rendered request."""
+        yield served_by("tier")
+        stream = bool(job.generate_request.stream)
+        events = self._generate_events(tokens_request(job, stream=stream))
+        try:
+            first = await anext(events)
+            if isinstance(first, ErrorResponse):
+                yield first
+                return
+            if isinstance(first, GenerateTokensResponse):
+                yield await self._text.unary(job, first)
+                return
+            async for event in self._text.stream(job, _prepend(first, events)):
+                yield event
+        finally:
+            await events.aclose()
+
+    async def generate_derender(
+        self, request: GenerateRequest, context: ParseContext | None
+    ) -> AsyncIterator[Any]:
+        """``output_mode: "derender"``: the parsed assistant message, unary or streamed."""
+        model = request.model or self._config.model_name
+        chat = (context or ParseContext()).chat_request(model)
+        job = TextJob(generate_request=request, chat_request=chat, model_name=model)
+        async for item in self.text(job):
+            if isinstance(item, ServedBy):
+                continue
+            if isinstance(item, ChatCompletionResponse):
+                yield _derender_response(item)
+            elif isinstance(item, str):
+                yield _derender_event(item)
+            else:
+                yield item
+
+    async def derender_chat(
+        self, request: DerenderChatRequest | DerenderChatStreamRequest
+    ) -> ChatCompletionResponse | DerenderChatStreamResponse | ErrorResponse:
+        serving = self._state.serving_derender
+        if isinstance(request, DerenderChatStreamRequest):
+            result = await serving.derender_chat_stream_response(request)
+            if isinstance(result, ErrorResponse):
+                return result
+            chunk, state = result
+            return DerenderChatStreamResponse(chunk=chunk, stream_state=state)
+        return await serving.derender_chat_response(request)
+
+    async def derender_completion(
+        self, request: DerenderCompletionRequest | DerenderCompletionStreamRequest
+    ) -> CompletionResponse | DerenderCompletionStreamResponse | ErrorResponse:
+        serving = self._state.serving_derender
+        if isinstance(request, DerenderCompletionStreamRequest):
+            result = await serving.derender_completion_stream_response(request)
+            if isinstance(result, ErrorResponse):
+                return result
+            chunk, state = result
+            return DerenderCompletionStreamResponse(chunk=chunk, stream_state=state)
+        return await serving.derender_completion_response(request)
+
+    async def ready(self) -> bool:
+        """The ingress's readiness probe: answers once __init__ has finished."""
+        return True
+
+
+async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    yield first
+    async for item in rest:
+        yield item
+
+
+def _derender_response(response: ChatCompletionResponse) -> GenerateDerenderResponse:
+    return GenerateDerenderResponse(
+        request_id=response.id,
+        created=response.created,
+        model=response.model,
+        choices=[
+            DerenderChoice(
+                index=c.index,
+                message=c.message,
+                finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason,
+            )
+            for c in response.choices
+        ],
+        usage=response.usage,
+    )
+
+
+def _derender_event(event: str) -> str:
+    """A chat chunk event → the same step as a ``derender`` chunk event."""
+    payload = parse_sse(event)
+    if not isinstance(payload, dict) or "error" in payload:
+        return event
+    chunk = ChatCompletionStreamResponse.model_validate(payload)
+    return sse_event(
+        GenerateDerenderStreamResponse(
+            request_id=chunk.id,
+            created=chunk.created or int(time.time()),
+            model=chunk.model,
+            choices=[
+                DerenderStreamChoice(
+                    index=c.index,
+                    delta=c.delta,
+                    finish_reason=c.finish_reason,
+                    stop_reason=c.stop_reason,
+                )
+                for c in chunk.choices
+            ],
+            usage=chunk.usage,
+        )
+    )
