@@ -6,16 +6,18 @@
 
 ``build_app`` validates its args with :class:`deployments.config.GraphConfig`
 (unknown keys and bad values fail here, before anything starts) and binds
-Ingress → Render + Generate + Derender (→ Generate).
+Ingress → Render + Generate + Derender (→ Generate) + AbortFanout (→ all).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ray.serve import Application
 from ray.serve.deployment import Deployment
 
+from deployments.abort_fanout import AbortFanout
 from deployments.config import DeploymentOptions, GraphConfig
 from deployments.derender import Derender
 from deployments.generate import Generate, engine_env
@@ -45,12 +47,13 @@ def build_graph(config: GraphConfig) -> Application:
         generate_actor["num_gpus"] = config.num_gpus
     generate = _with_options(Generate, config.generate, generate_actor).bind(config)
     derender = _with_options(Derender, config.derender).bind(config, generate)
-    return _with_options(Ingress, config.ingress).bind(config, render, generate, derender)
+    control = _with_options(AbortFanout, DeploymentOptions()).bind(generate, derender)
+    return _with_options(Ingress, config.ingress).bind(config, render, generate, derender, control)
 
 
 def build_app(args: dict[str, Any]) -> Application:
     """``serve run graph:build_app key=value …`` and Serve config ``args``."""
-    return build_graph(GraphConfig.from_args(args))
+    return build_graph(GraphConfig.from_args(args, env=os.environ))
 
 
 app = build_app(EMBEDDED_DEFAULT)

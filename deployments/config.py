@@ -8,6 +8,7 @@ that names the key.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -126,7 +127,10 @@ class GraphConfig(_Strict):
         description="Where /v1 text is made: `inline` in Generate, or the Derender `tier`. "
         "A request overrides it with the X-Text-Placement header.",
     )
-    api_key: SecretStr | None = Field(None, description="Bearer key for /v1 and /inference.")
+    api_key: SecretStr | None = Field(
+        None, description="Bearer key for /v1 and /inference; VLLM_API_KEY if unset."
+    )
+    max_body_bytes: int = Field(32 * 2**20, ge=1024, description="Larger bodies get 413.")
     ingress: DeploymentOptions = Field(default_factory=DeploymentOptions)
     render: DeploymentOptions = Field(default_factory=DeploymentOptions)
     generate: DeploymentOptions = Field(default_factory=DeploymentOptions)
@@ -151,9 +155,19 @@ class GraphConfig(_Strict):
         return self
 
     @classmethod
-    def from_args(cls, args: dict[str, Any] | None) -> GraphConfig:
-        """Validate ``serve run`` / Serve-config args; dotted keys nest."""
-        return cls.model_validate(nest_dotted(args or {}))
+    def from_args(
+        cls, args: dict[str, Any] | None, env: Mapping[str, str] | None = None
+    ) -> GraphConfig:
+        """Validate ``serve run`` / Serve-config args; dotted keys nest.
+
+        ``env`` (the process environment when the app is built, not imported)
+        supplies ``VLLM_API_KEY`` when the args set no ``api_key``, as vLLM does.
+        """
+        values = nest_dotted(args or {})
+        env_key = (env or {}).get("VLLM_API_KEY")
+        if env_key and values.get("api_key") is None:
+            values["api_key"] = env_key
+        return cls.model_validate(values)
 
 
 def nest_dotted(args: dict[str, Any]) -> dict[str, Any]:

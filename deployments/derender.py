@@ -36,6 +36,7 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
 from .config import GraphConfig
+from .generate import GENERATE_PREFIX
 from .protocol import (
     DerenderChoice,
     DerenderStreamChoice,
@@ -69,6 +70,8 @@ class Derender:
         self._state = await build_render_state(config)
         self._text = TextOutput(self._state.online_derenderer, self._state.serving_derender)
         self._generate = generate.options(stream=True)
+        # Request ids of the stateful streams this replica holds right now.
+        self._streams: dict[str, int] = {}
 
     async def _generate_events(self, request: GenerateRequest) -> AsyncGenerator[Any, None]:
         """Generate's items for ``request``; the call is cancelled if we stop early."""
@@ -83,6 +86,8 @@ class Derender:
         """Tier placement: OpenAI chat/completion output for a rendered request."""
         yield served_by("tier")
         stream = bool(job.generate_request.stream)
+        stream_id = job.generate_request.request_id
+        self._streams[stream_id] = self._streams.get(stream_id, 0) + 1
         events = self._generate_events(tokens_request(job, stream=stream))
         try:
             first = await anext(events)
@@ -96,6 +101,19 @@ class Derender:
                 yield event
         finally:
             await events.aclose()
+            if self._streams.get(stream_id, 0) <= 1:
+                self._streams.pop(stream_id, None)
+            else:
+                self._streams[stream_id] -= 1
+
+    async def holds(self, request_ids: list[str]) -> int:
+        """How many of these requests have a stateful stream in this replica.
+
+        The abort itself happens in the engine; its final ``abort`` chunk
+        reaches the client through the stream held here.
+        """
+        wanted = {i.removeprefix(GENERATE_PREFIX) for i in request_ids}
+        return sum(1 for i in wanted if i in self._streams)
 
     async def generate_derender(
         self, request: GenerateRequest, context: ParseContext | None

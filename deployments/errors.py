@@ -28,6 +28,8 @@ def not_found(message: str) -> ErrorResponse:
 
 
 def to_http(error: ErrorResponse, headers: dict[str, str] | None = None) -> JSONResponse:
+    if error.error.code == HTTPStatus.SERVICE_UNAVAILABLE:
+        headers = {"Retry-After": "1", **(headers or {})}
     return JSONResponse(error.model_dump(), status_code=error.error.code, headers=headers)
 
 

@@ -18,7 +18,6 @@ from typing import Any
 
 from ray import serve
 from starlette.datastructures import State
-from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
     GenerateRequest,
     GenerateResponseBase,
@@ -31,10 +30,17 @@ from .protocol import TextJob, served_by
 from .text_output import TextOutput, tokens_request
 from .vllm_args import serve_namespace
 
-EngineFactory = Callable[[GraphConfig], Awaitable[EngineClient]]
+EngineFactory = Callable[[GraphConfig], Awaitable[Any]]
+# ServingTokens names the engine request "generate-tokens-<request_id>".
+GENERATE_PREFIX = "generate-tokens-"
 
 
-async def start_vllm_engine(config: GraphConfig) -> EngineClient:
+def engine_request_id(request_id: str) -> str:
+    """The engine's id for a request id a client holds (prefixed once)."""
+    return request_id if request_id.startswith(GENERATE_PREFIX) else GENERATE_PREFIX + request_id
+
+
+async def start_vllm_engine(config: GraphConfig) -> Any:
     """Start an in-process ``AsyncLLM`` as ``vllm serve`` does."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
@@ -87,12 +93,19 @@ class Generate:
         self, request: GenerateRequest
     ) -> AsyncIterator[str | GenerateResponseBase | ErrorResponse]:
         """``/inference/v1/generate``: SSE events if ``stream``, else one response."""
-        result = await self._state.serving_tokens.serve_tokens(request)
-        if isinstance(result, (ErrorResponse, GenerateResponseBase)):
-            yield result
-            return
-        async for event in result:
-            yield event
+        engine_id = engine_request_id(request.request_id)
+        try:
+            result = await self._state.serving_tokens.serve_tokens(request)
+            if isinstance(result, (ErrorResponse, GenerateResponseBase)):
+                yield result
+                return
+            async for event in result:
+                yield event
+        finally:
+            # A cancelled call (client gone, caller cancelled) must free its
+            # engine slot; Ray does not always deliver CancelledError here.
+            # Aborting a finished request is a no-op.
+            await self._engine.abort(engine_id)
 
     async def text(self, job: TextJob) -> AsyncIterator[Any]:
         """Inline text placement: OpenAI chat/completion output next to the engine."""
@@ -110,16 +123,42 @@ class Generate:
             return
         yield served_by("inline")
         stream = bool(job.generate_request.stream)
-        result = await self._state.serving_tokens.serve_tokens(tokens_request(job, stream=stream))
-        if isinstance(result, ErrorResponse):
-            yield result
-            return
-        if isinstance(result, GenerateTokensResponse):
-            yield await self._text.unary(job, result)
-            return
-        assert not isinstance(result, GenerateResponseBase)
-        async for event in self._text.stream(job, result):
-            yield event
+        engine_id = engine_request_id(job.generate_request.request_id)
+        try:
+            result = await self._state.serving_tokens.serve_tokens(
+                tokens_request(job, stream=stream)
+            )
+            if isinstance(result, ErrorResponse):
+                yield result
+                return
+            if isinstance(result, GenerateTokensResponse):
+                yield await self._text.unary(job, result)
+                return
+            assert not isinstance(result, GenerateResponseBase)
+            async for event in self._text.stream(job, result):
+                yield event
+        finally:
+            await self._engine.abort(engine_id)
+
+    async def abort(self, request_ids: list[str]) -> int:
+        """Abort these requests if this engine holds them; returns how many it held.
+
+        Clients send the id they got back: ``generate-tokens-…`` from
+        ``/inference/v1/generate``, ``chatcmpl-…``/``cmpl-…`` from the OpenAI
+        routes. Both name the same engine request.
+        """
+        wanted = {engine_request_id(i) for i in request_ids} | set(request_ids)
+        live = self._engine.output_processor.external_req_ids
+        held = [i for i in wanted if live.get(i)]
+        await self._engine.abort(sorted(wanted))
+        return len(held)
+
+    async def engine_state(self) -> dict[str, Any]:
+        """What this replica's engine is running, for /metrics and tests."""
+        return {
+            "replica": serve.get_replica_context().replica_id.unique_id,
+            "num_requests_running": self._engine.get_num_unfinished_requests(),
+        }
 
     async def ready(self) -> bool:
         """The ingress's readiness probe: answers once __init__ has finished."""

@@ -8,13 +8,11 @@ turns error values into HTTP responses.
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import TypeAdapter
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -27,70 +25,19 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
 from .config import GraphConfig
-from .errors import bad_request, install_exception_handlers, to_http
-from .protocol import ParseContext, ServedBy, TextJob
+from .errors import bad_request, install_exception_handlers, not_found, to_http
+from .guard import GuardSettings, install_guard
+from .http_io import call, parse_body, read_json, respond, validate
+from .protocol import ParseContext, TextJob
 
-ModelT = TypeVar("ModelT", bound=BaseModel)
 HEALTH_TIMEOUT_S = 5.0
 PLACEMENT_HEADER = "X-Text-Placement"
-SERVED_BY_HEADER = "X-Served-By"
 _DERENDER_CHAT = TypeAdapter(DerenderChatRequestUnion)
 _DERENDER_COMPLETION = TypeAdapter(DerenderCompletionRequestUnion)
 
 app = FastAPI(title="scaleout-serve")
 install_exception_handlers(app)
-
-
-async def read_json(raw: Request) -> Any:
-    """The JSON body, whatever Content-Type the client sent; an error value if not JSON."""
-    try:
-        return json.loads(await raw.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return bad_request(f"JSON decode error: {exc}")
-
-
-def validate(data: Any, model: type[ModelT] | TypeAdapter[Any]) -> Any:
-    """``data`` as ``model``, or a 400 error value naming the first bad field."""
-    if isinstance(data, ErrorResponse):
-        return data
-    try:
-        if isinstance(model, TypeAdapter):
-            return model.validate_python(data)
-        return model.model_validate(data)
-    except ValidationError as exc:
-        errors = exc.errors()
-        param = ".".join(str(p) for p in errors[0]["loc"]) if errors else None
-        return bad_request(str(exc), param=param)
-
-
-async def parse_body(raw: Request, model: type[ModelT]) -> ModelT | ErrorResponse:
-    """The JSON body as ``model``, or an error value."""
-    result: ModelT | ErrorResponse = validate(await read_json(raw), model)
-    return result
-
-
-async def respond(items: Any, headers: dict[str, str] | None = None) -> Response:
-    """One streamed handle call → HTTP.
-
-    The first item is awaited before any status is sent, so an error that
-    comes first (bad input, overload) is a real 4xx/5xx, not a 200 with a
-    cut-off body. A unary call yields exactly one item.
-    """
-    first = await anext(items)
-    if isinstance(first, ServedBy):
-        headers = {**(headers or {}), SERVED_BY_HEADER: first.replica}
-        first = await anext(items)
-    if isinstance(first, ErrorResponse):
-        return to_http(first, headers)
-    if isinstance(first, BaseModel):
-        return JSONResponse(first.model_dump(), headers=headers)
-
-    async def events() -> AsyncIterator[str]:
-        yield first
-        async for event in items:
-            yield event
-
-    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+install_guard(app)
 
 
 async def _awaited(response: Any) -> Any:
@@ -125,8 +72,12 @@ class Ingress:
         render: DeploymentHandle,
         generate: DeploymentHandle,
         derender: DeploymentHandle,
+        abort_fanout: DeploymentHandle,
     ) -> None:
+        api_key = config.api_key.get_secret_value() if config.api_key else None
+        app.state.guard = GuardSettings(api_key=api_key, max_body_bytes=config.max_body_bytes)
         self._config = config
+        self._control = abort_fanout
         self._render = render
         self._generate_unary = generate
         self._generate = generate.options(stream=True)
@@ -147,9 +98,53 @@ class Ingress:
             return Response(status_code=503)
         return Response(status_code=200)
 
+    @app.get("/metrics")
+    async def metrics(self) -> Response:
+        """Each engine's running requests, in Prometheus text (vLLM's gauge name)."""
+        states = await call(self._control.engine_states.remote())
+        if isinstance(states, ErrorResponse):
+            return to_http(states)
+        lines = [
+            "# HELP vllm:num_requests_running Requests the engine is running or has queued.",
+            "# TYPE vllm:num_requests_running gauge",
+        ]
+        lines += [
+            f'vllm:num_requests_running{{replica="{s["replica"]}"}} {s["num_requests_running"]}'
+            for s in states
+        ]
+        return PlainTextResponse("\n".join(lines) + "\n")
+
+    @app.post("/inference/v1/abort_requests")
+    async def abort_requests(self, raw: Request) -> Response:
+        """vLLM's abort, fanned out to every Generate replica (needs the API key)."""
+        return await self._abort(raw)
+
+    @app.post("/abort_requests")
+    async def legacy_abort_requests(self, raw: Request) -> Response:
+        """vLLM's unauthenticated abort path: only on a tokens-only graph, as in vLLM."""
+        if not self._config.tokens_only:
+            return to_http(not_found("Not Found"))
+        return await self._abort(raw)
+
+    async def _abort(self, raw: Request) -> Response:
+        body = await read_json(raw)
+        if isinstance(body, ErrorResponse):
+            return to_http(body)
+        ids = body.get("request_ids") if isinstance(body, dict) else None
+        if ids is None:
+            return to_http(bad_request("Missing 'request_ids' in request body"))
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            return to_http(bad_request("'request_ids' must be a list of strings"))
+        result = await call(self._control.abort.remote(ids))
+        if isinstance(result, ErrorResponse):
+            return to_http(result)
+        return Response(status_code=200)
+
     @app.get("/v1/models")
     async def models(self) -> JSONResponse:
-        listing = await self._render.models.remote()
+        listing = await call(self._render.models.remote())
+        if isinstance(listing, ErrorResponse):
+            return to_http(listing)
         return JSONResponse(listing.model_dump())
 
     @app.post("/v1/chat/completions/render")
@@ -158,7 +153,7 @@ class Ingress:
         request = await parse_body(raw, ChatCompletionRequest)
         if isinstance(request, ErrorResponse):
             return to_http(request)
-        rendered = await self._render.render_chat.remote(_with_header_id(request, raw))
+        rendered = await call(self._render.render_chat.remote(_with_header_id(request, raw)))
         if isinstance(rendered, ErrorResponse):
             return to_http(rendered)
         return JSONResponse(
@@ -170,7 +165,7 @@ class Ingress:
         request = await parse_body(raw, CompletionRequest)
         if isinstance(request, ErrorResponse):
             return to_http(request)
-        rendered = await self._render.render_completion.remote(_with_header_id(request, raw))
+        rendered = await call(self._render.render_completion.remote(_with_header_id(request, raw)))
         if isinstance(rendered, ErrorResponse):
             return to_http(rendered)
         return JSONResponse([item.model_dump() for item in rendered])
@@ -184,13 +179,19 @@ class Ingress:
         if not isinstance(data, dict):
             return to_http(bad_request("request body must be a JSON object"))
         context_data = data.pop("parse_context", None)
+        if self._config.tokens_only and data.get("output_mode") in ("text", "derender"):
+            return to_http(
+                bad_request(
+                    f"output_mode={data['output_mode']!r} needs a tokenizer on the generate "
+                    "server, but this graph runs tokens_only; use output_mode='tokens'",
+                    param="output_mode",
+                )
+            )
         if data.get("output_mode") != "derender":
             request = validate(data, GenerateRequest)
             if isinstance(request, ErrorResponse):
                 return to_http(request)
             return await respond(self._generate.generate.remote(request))
-        if self._config.tokens_only and self._config.text_placement == "inline":
-            return to_http(bad_request("output_mode 'derender' needs the Derender tier"))
         request = validate({**data, "output_mode": "tokens"}, GenerateRequest)
         if isinstance(request, ErrorResponse):
             return to_http(request)
@@ -208,7 +209,7 @@ class Ingress:
         request = validate(await read_json(raw), _DERENDER_CHAT)
         if isinstance(request, ErrorResponse):
             return to_http(request)
-        result = await self._derender_unary.derender_chat.remote(request)
+        result = await call(self._derender_unary.derender_chat.remote(request))
         return (
             to_http(result)
             if isinstance(result, ErrorResponse)
@@ -220,7 +221,7 @@ class Ingress:
         request = validate(await read_json(raw), _DERENDER_COMPLETION)
         if isinstance(request, ErrorResponse):
             return to_http(request)
-        result = await self._derender_unary.derender_completion.remote(request)
+        result = await call(self._derender_unary.derender_completion.remote(request))
         return (
             to_http(result)
             if isinstance(result, ErrorResponse)
@@ -235,7 +236,7 @@ class Ingress:
         placement = self._placement(raw)
         if isinstance(placement, ErrorResponse):
             return to_http(placement)
-        rendered = await self._render.render_chat.remote(_with_header_id(request, raw))
+        rendered = await call(self._render.render_chat.remote(_with_header_id(request, raw)))
         if isinstance(rendered, ErrorResponse):
             return to_http(rendered)
         job = TextJob(
@@ -253,7 +254,7 @@ class Ingress:
         placement = self._placement(raw)
         if isinstance(placement, ErrorResponse):
             return to_http(placement)
-        rendered = await self._render.render_completion.remote(_with_header_id(request, raw))
+        rendered = await call(self._render.render_completion.remote(_with_header_id(request, raw)))
         if isinstance(rendered, ErrorResponse):
             return to_http(rendered)
         if len(rendered) != 1:

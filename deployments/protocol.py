@@ -38,12 +38,16 @@ class ServedBy(BaseModel):
 
     placement: Literal["inline", "tier"]
     replica: str
+    pid: int
 
 
 def served_by(placement: Literal["inline", "tier"]) -> ServedBy:
+    import os
+
     from ray import serve
 
-    return ServedBy(placement=placement, replica=serve.get_replica_context().replica_id.unique_id)
+    replica = serve.get_replica_context().replica_id.unique_id
+    return ServedBy(placement=placement, replica=replica, pid=os.getpid())
 
 
 class ParseContext(BaseModel):

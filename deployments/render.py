@@ -15,6 +15,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateRequest
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse, ModelList
+from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
 
 from .config import GraphConfig
 from .vllm_args import serve_namespace
@@ -55,12 +56,18 @@ class Render:
         self._state = await build_render_state(config)
 
     async def render_chat(self, request: ChatCompletionRequest) -> GenerateRequest | ErrorResponse:
-        return await self._state.serving_render.render_chat_request(request)
+        try:
+            return await self._state.serving_render.render_chat_request(request)
+        except Exception as exc:  # vLLM raises some validation errors; keep them values
+            return create_error_response(exc)
 
     async def render_completion(
         self, request: CompletionRequest
     ) -> list[GenerateRequest] | ErrorResponse:
-        return await self._state.serving_render.render_completion_request(request)
+        try:
+            return await self._state.serving_render.render_completion_request(request)
+        except Exception as exc:
+            return create_error_response(exc)
 
     async def models(self) -> ModelList:
         return await self._state.openai_serving_models.show_available_models()

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from tests.integration.conftest import GRAPH_ARGS, MODEL, TOKENS_ONLY_PREFIX
+from tests.integration.conftest import AUTH, GRAPH_ARGS, MODEL, TOKENS_ONLY_PREFIX
 
 HI = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -99,10 +99,12 @@ def test_text_mode_400_when_detokenize_false(client: httpx.Client) -> None:
 
 def test_text_mode_400_on_tokens_only_graph(client: httpx.Client) -> None:
     request = rendered(client, {**HI, "max_tokens": 4})
-    tokens = client.post(f"{TOKENS_ONLY_PREFIX}/inference/v1/generate", json=request)
+    request.pop("parse_context")
+    url = f"{TOKENS_ONLY_PREFIX}/inference/v1/generate"
+    tokens = client.post(url, json=request, headers=AUTH)
     assert tokens.status_code == 200, tokens.text
     request["output_mode"] = "text"
-    response = client.post(f"{TOKENS_ONLY_PREFIX}/inference/v1/generate", json=request)
+    response = client.post(url, json=request, headers=AUTH)
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["code"] == 400 and "tokenizer" in error["message"]

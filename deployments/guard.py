@@ -1,0 +1,76 @@
+"""The ingress's front door: API key and body size, before any route runs.
+
+As middleware, it covers every ``/v1/*`` and ``/inference/*`` path, routes
+added later included, so none can slip through unguarded. ``/health``,
+``/metrics`` and the tokens-only ``/abort_requests`` stay open, as in vLLM.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+
+from .errors import to_http
+
+PROTECTED_PREFIXES = ("/v1/", "/inference/")
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    api_key: str | None
+    max_body_bytes: int
+
+
+def app_path(request: Request) -> str:
+    """The path inside this app, without Serve's route prefix."""
+    path: str = request.scope["path"]
+    root: str = request.scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root) :] or "/"
+    return path
+
+
+def is_protected(path: str) -> bool:
+    return path == "/v1" or path.startswith(PROTECTED_PREFIXES)
+
+
+def key_matches(header: str | None, api_key: str) -> bool:
+    scheme, _, token = (header or "").partition(" ")
+    # Constant time, whatever the guess: no early exit on the first wrong byte.
+    return hmac.compare_digest(f"{scheme.lower()} {token}".encode(), f"bearer {api_key}".encode())
+
+
+def install_guard(app: FastAPI) -> None:
+    @app.middleware("http")
+    async def guard(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        settings: GuardSettings | None = getattr(request.app.state, "guard", None)
+        if settings is None:
+            return await call_next(request)
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
+            return to_http(
+                create_error_response(
+                    f"request body of {length} bytes exceeds {settings.max_body_bytes}",
+                    "RequestEntityTooLarge",
+                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                )
+            )
+        api_key = settings.api_key
+        needs_key = api_key is not None and is_protected(app_path(request))
+        if needs_key and not key_matches(request.headers.get("authorization"), api_key or ""):
+            return to_http(
+                create_error_response(
+                    "Unauthorized: a valid 'Authorization: Bearer <api_key>' is required",
+                    "AuthenticationError",
+                    HTTPStatus.UNAUTHORIZED,
+                )
+            )
+        return await call_next(request)

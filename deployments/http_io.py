@@ -1,0 +1,158 @@
+"""HTTP in and out at the ingress: bodies to models, handle results to responses.
+
+The one place where error values (vLLM's ``ErrorResponse``) and failures of a
+handle call become HTTP: 4xx for bad input, 503 with ``Retry-After`` when a
+tier sheds load, and, once a stream has started, an SSE error event and
+``[DONE]`` instead of a silent cut.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from http import HTTPStatus
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from ray.exceptions import RayTaskError
+from ray.serve.exceptions import BackPressureError
+from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+
+from .errors import bad_request, to_http
+from .protocol import ServedBy
+from .sse import DONE
+
+logger = logging.getLogger("ray.serve")
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+SERVED_BY_HEADER = "X-Served-By"
+REPLICA_PID_HEADER = "X-Served-By-Pid"
+RETRY_AFTER_S = "1"
+
+
+async def read_json(raw: Request) -> Any:
+    """The JSON body, whatever Content-Type the client sent; an error value if not JSON."""
+    try:
+        return json.loads(await raw.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return bad_request(f"JSON decode error: {exc}")
+
+
+def validate(data: Any, model: type[ModelT] | TypeAdapter[Any]) -> Any:
+    """``data`` as ``model``, or a 400 error value naming the first bad field."""
+    if isinstance(data, ErrorResponse):
+        return data
+    try:
+        if isinstance(model, TypeAdapter):
+            return model.validate_python(data)
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors()
+        param = ".".join(str(p) for p in errors[0]["loc"]) if errors else None
+        return bad_request(str(exc), param=param)
+    except Exception as exc:
+        # vLLM's own validators raise VLLMValidationError & co.; vLLM maps them.
+        return create_error_response(exc)
+
+
+async def parse_body(raw: Request, model: type[ModelT]) -> ModelT | ErrorResponse:
+    """The JSON body as ``model``, or an error value."""
+    result: ModelT | ErrorResponse = validate(await read_json(raw), model)
+    return result
+
+
+async def respond(items: Any, headers: dict[str, str] | None = None) -> Response:
+    """One streamed handle call → HTTP.
+
+    The first item is awaited before any status is sent, so an error that
+    comes first (bad input, overload) is a real 4xx/5xx, not a 200 with a
+    cut-off body. A unary call yields exactly one item.
+    """
+    try:
+        first = await anext(items)
+        if isinstance(first, ServedBy):
+            headers = {
+                **(headers or {}),
+                SERVED_BY_HEADER: first.replica,
+                REPLICA_PID_HEADER: str(first.pid),
+            }
+            first = await anext(items)
+    except BaseException as exc:
+        _cancel(items)
+        if isinstance(exc, Exception):
+            return failure_response(exc)
+        raise
+    if isinstance(first, ErrorResponse):
+        return to_http(first, headers)
+    if isinstance(first, BaseModel):
+        return JSONResponse(first.model_dump(), headers=headers)
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            yield first
+            async for event in items:
+                yield event
+        except Exception as exc:
+            # The status line is gone; say so in the stream, as vLLM does.
+            logger.warning("stream failed after it started: %r", exc)
+            error = create_error_response(
+                f"stream failed: {type(exc).__name__}",
+                "ServiceUnavailableError",
+                HTTPStatus.SERVICE_UNAVAILABLE,
+            )
+            yield f"data: {error.model_dump_json()}\n\n"
+            yield f"data: {DONE}\n\n"
+        finally:
+            # A client that went away cancels the whole call chain.
+            _cancel(items)
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+
+async def call(response: Any) -> Any:
+    """Await a unary handle call; a failure becomes an error value."""
+    try:
+        return await response
+    except Exception as exc:
+        return failure_error(exc)
+
+
+def failure_error(exc: Exception) -> ErrorResponse:
+    """What a failed handle call means to a client."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(exc, RayTaskError) and isinstance(cause, Exception):
+        # A tier raised instead of returning an error value: vLLM's mapping
+        # decides (its validation errors are 400s); unknown causes stay 503.
+        mapped = create_error_response(cause)
+        if mapped.error.code < HTTPStatus.INTERNAL_SERVER_ERROR:
+            return mapped
+    if isinstance(exc, BackPressureError):
+        return create_error_response(
+            "the server is overloaded; retry later",
+            "ServiceUnavailableError",
+            HTTPStatus.SERVICE_UNAVAILABLE,
+        )
+    logger.warning("handle call failed: %r", exc)
+    return create_error_response(
+        f"a serving tier failed: {type(exc).__name__}",
+        "ServiceUnavailableError",
+        HTTPStatus.SERVICE_UNAVAILABLE,
+    )
+
+
+def failure_response(exc: Exception) -> Response:
+    return to_http(failure_error(exc), {"Retry-After": RETRY_AFTER_S})
+
+
+def _cancel(items: Any) -> None:
+    """Cancel a handle call; one that already failed (e.g. backpressure) re-raises, so
+    its error is dropped here: the caller already answers for it."""
+    cancel = getattr(items, "cancel", None)
+    if cancel is not None:
+        with contextlib.suppress(Exception):
+            cancel()

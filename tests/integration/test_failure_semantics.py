@@ -1,0 +1,415 @@
+"""Nothing lost, nothing left running: abort, disconnect, auth, bad input, overload."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.conftest import API_KEY, AUTH, MODEL, TOKENS_ONLY_PREFIX
+from tests.integration.test_skeleton import rendered, sse_payloads
+
+LONG = 1500  # tokens: streams that are still running when the test acts on them
+
+
+def running_requests(client: httpx.Client, prefix: str = "") -> dict[str, int]:
+    text = client.get(f"{prefix}/metrics").text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:num_requests_running{"):
+            labels, value = line.rsplit(" ", 1)
+            out[labels] = int(float(value))
+    return out
+
+
+def wait_idle(client: httpx.Client, within_s: float, prefix: str = "") -> float:
+    """Seconds until every engine reports 0 running; fails after ``within_s``."""
+    start = time.monotonic()
+    while True:
+        counts = running_requests(client, prefix)
+        if counts and not any(counts.values()):
+            return time.monotonic() - start
+        if time.monotonic() - start > within_s:
+            raise AssertionError(f"engines still running after {within_s}s: {counts}")
+        time.sleep(0.05)
+
+
+def long_body(kind: str, client: httpx.Client) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """(path, body, headers) of a long streamed request of one kind."""
+    chat = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "think: what is 2 plus 3?"}],
+        "max_tokens": LONG,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if kind in ("inline", "tier"):
+        return "/v1/chat/completions", chat, {"X-Text-Placement": kind}
+    request = rendered(client, {k: v for k, v in chat.items() if k != "stream_options"})
+    request.update(output_mode=kind, stream=True, stream_options={"include_usage": True})
+    if kind != "derender":
+        request.pop("parse_context")
+    return "/inference/v1/generate", request, {}
+
+
+class Stream(threading.Thread):
+    """Reads one SSE stream in the background; records its events and timings."""
+
+    def __init__(self, base_url: str, path: str, body: dict[str, Any], headers: dict[str, str]):
+        super().__init__(daemon=True)
+        self.args = (base_url, path, body, headers)
+        self.events: list[Any] = []
+        self.first = threading.Event()
+        self.ended_at: float | None = None
+        self.error: BaseException | None = None
+        self.headers: dict[str, str] = {}
+
+    def run(self) -> None:
+        base_url, path, body, headers = self.args
+        try:
+            with (
+                httpx.Client(base_url=base_url, timeout=120) as c,
+                c.stream("POST", path, json=body, headers=headers) as response,
+            ):
+                assert response.status_code == 200, response.read()
+                self.headers = dict(response.headers)
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        data = line[6:]
+                        self.events.append(data if data == "[DONE]" else json.loads(data))
+                        self.first.set()
+        except BaseException as exc:  # surfaced by the test
+            self.error = exc
+        finally:
+            self.ended_at = time.monotonic()
+            self.first.set()
+
+    @property
+    def stream_id(self) -> str:
+        event = self.events[0]
+        return event.get("id") or event["request_id"]
+
+    def finish_reasons(self) -> list[str]:
+        return [
+            c["finish_reason"]
+            for e in self.events
+            if isinstance(e, dict)
+            for c in e.get("choices", [])
+            if c.get("finish_reason")
+        ]
+
+    def token_count(self) -> int:
+        usage = [e["usage"] for e in self.events if isinstance(e, dict) and e.get("usage")]
+        return int(usage[-1]["completion_tokens"]) if usage else -1
+
+
+@pytest.mark.parametrize("kind", ["tokens", "text", "derender", "inline", "tier"])
+def test_abort_by_id_ends_streams_and_frees_engines(client: httpx.Client, kind: str) -> None:
+    path, body, headers = long_body(kind, client)
+    # Each rendered request gets its own id, as four separate clients' would.
+    bodies = [
+        {**body, "request_id": f"{body['request_id']}-{i}"} if "request_id" in body else body
+        for i in range(4)
+    ]
+    streams = [Stream(str(client.base_url), path, b, headers) for b in bodies]
+    for s in streams:
+        s.start()
+    for s in streams:
+        assert s.first.wait(60) and s.error is None, s.error
+    doomed, kept = streams[:2], streams[2:]
+    response = client.post(
+        "/inference/v1/abort_requests", json={"request_ids": [s.stream_id for s in doomed]}
+    )
+    assert response.status_code == 200, response.text
+    aborted_at = time.monotonic()
+    for s in streams:
+        s.join(120)
+        assert s.error is None, s.error
+        assert s.events[-1] == "[DONE]"
+    for s in doomed:
+        assert s.finish_reasons() == ["abort"], s.events[-3:]
+        assert s.ended_at is not None and s.ended_at - aborted_at < 1.0
+    for s in kept:
+        assert s.finish_reasons() == ["length"]
+        assert s.token_count() == LONG
+    assert len(running_requests(client)) == 2  # both Generate replicas report
+    wait_idle(client, within_s=1.0)
+
+
+def test_abort_of_unknown_or_finished_ids_is_a_no_op(client: httpx.Client) -> None:
+    done = client.post(
+        "/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+    ).json()["id"]
+    response = client.post("/inference/v1/abort_requests", json={"request_ids": [done, "nope"]})
+    assert response.status_code == 200
+    assert client.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("kind", ["tokens", "text", "derender", "inline", "tier"])
+def test_disconnect_frees_the_engine(client: httpx.Client, kind: str) -> None:
+    path, body, headers = long_body(kind, client)
+    with (
+        httpx.Client(base_url=str(client.base_url), timeout=60) as c,
+        c.stream("POST", path, json=body, headers=headers) as response,
+    ):
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        seen = 0
+        for line in lines:
+            seen += line.startswith("data: ")
+            if seen >= 3:
+                break
+        assert any(running_requests(client).values())
+    # Leaving the block closes the connection mid-stream.
+    wait_idle(client, within_s=1.0)
+
+
+def protected_routes() -> list[tuple[str, str]]:
+    from fastapi.routing import APIRoute
+
+    from deployments.guard import is_protected
+    from deployments.ingress import app
+
+    routes = [
+        (method, route.path)
+        for route in app.routes
+        if isinstance(route, APIRoute)
+        for method in sorted(route.methods)
+        if is_protected(route.path)
+    ]
+    assert {p for _, p in routes} >= {
+        "/v1/models", "/v1/chat/completions", "/v1/completions", "/inference/v1/generate",
+        "/inference/v1/abort_requests", "/v1/chat/completions/render",
+        "/v1/completions/render", "/v1/chat/completions/derender", "/v1/completions/derender",
+    }, routes  # fmt: skip
+    return routes
+
+
+def test_every_protected_route_needs_the_key(client: httpx.Client) -> None:
+    for method, path in protected_routes():
+        url = f"{TOKENS_ONLY_PREFIX}{path}"
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
+            response = client.request(method, url, json={}, headers=headers)
+            assert response.status_code == 401, (method, path, headers, response.text)
+            assert response.json()["error"]["code"] == 401
+        with_key = client.request(method, url, json={}, headers=AUTH)
+        assert with_key.status_code != 401, (method, path)
+
+
+def test_the_key_opens_the_routes(client: httpx.Client) -> None:
+    models = client.get(f"{TOKENS_ONLY_PREFIX}/v1/models", headers=AUTH)
+    assert models.status_code == 200
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    reply = client.post(f"{TOKENS_ONLY_PREFIX}/v1/chat/completions", json=chat, headers=AUTH)
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["X-Text-Placement"] == "tier"
+    abort = client.post(
+        f"{TOKENS_ONLY_PREFIX}/inference/v1/abort_requests",
+        json={"request_ids": ["x"]},
+        headers=AUTH,
+    )
+    assert abort.status_code == 200
+
+
+def test_health_and_metrics_stay_open(client: httpx.Client) -> None:
+    assert client.get(f"{TOKENS_ONLY_PREFIX}/health").status_code == 200
+    assert client.get(f"{TOKENS_ONLY_PREFIX}/metrics").status_code == 200
+
+
+def test_legacy_abort_route_only_on_tokens_only_and_unauthenticated(client: httpx.Client) -> None:
+    body = {"request_ids": ["x"]}
+    assert client.post("/abort_requests", json=body).status_code == 404
+    assert client.post(f"{TOKENS_ONLY_PREFIX}/abort_requests", json=body).status_code == 200
+
+
+def test_overload_is_503_before_any_byte_and_held_requests_complete(
+    client: httpx.Client,
+) -> None:
+    request = rendered(client, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    request.pop("parse_context")
+    request.update(stream=True, stream_options={"include_usage": True})
+    request["sampling_params"].update(max_tokens=300, ignore_eos=True)
+    url = f"{client.base_url}{TOKENS_ONLY_PREFIX}/inference/v1/generate"
+
+    def one(_: int) -> tuple[int, str | None, str]:
+        with httpx.Client(timeout=120) as c:
+            response = c.post(url, json=request, headers=AUTH)
+            return response.status_code, response.headers.get("Retry-After"), response.text
+
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(one, range(6)))
+    statuses = sorted(status for status, _, _ in results)
+    assert 503 in statuses and 200 in statuses, statuses
+    for status, retry_after, text in results:
+        if status == 503:
+            assert retry_after is not None
+            assert json.loads(text)["error"]["code"] == 503
+        else:
+            events = sse_payloads(text)
+            assert events[-1] == "[DONE]"
+            assert events[-2]["usage"]["completion_tokens"] == 300
+
+
+BAD_INPUTS: list[tuple[str, str, Any, int]] = [
+    # (method+path, what, body (str = raw bytes), expected status)
+    ("/v1/chat/completions", "not json", "{", 400),
+    ("/v1/chat/completions", "json array", "[]", 400),
+    ("/v1/chat/completions", "no messages", {"model": MODEL}, 400),
+    ("/v1/chat/completions", "messages not a list", {"model": MODEL, "messages": "hi"}, 400),
+    ("/v1/chat/completions", "unknown model", {"model": "nope", "messages": []}, 404),
+    ("/v1/chat/completions", "negative max_tokens",
+     {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}, 400),
+    ("/v1/chat/completions", "temperature a string",
+     {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400),
+    ("/v1/chat/completions", "n zero",
+     {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 0}, 400),
+    ("/v1/chat/completions", "stream_options without stream",
+     {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+      "stream_options": {"include_usage": True}}, 400),
+    ("/v1/chat/completions", "tool_choice names a missing tool",
+     {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+      "tool_choice": {"type": "function", "function": {"name": "f"}}}, 400),
+    ("/v1/completions", "not json", "nope", 400),
+    ("/v1/completions", "no prompt", {"model": MODEL}, 400),
+    ("/v1/completions", "prompt a number", {"model": MODEL, "prompt": 5}, 400),
+    ("/v1/completions", "unknown model", {"model": "nope", "prompt": "x"}, 404),
+    ("/v1/completions", "logprobs too many", {"model": MODEL, "prompt": "x", "logprobs": 10**6},
+     400),
+    ("/v1/chat/completions/render", "empty body", "", 400),
+    ("/v1/chat/completions/render", "no model field types", {"messages": 3}, 400),
+    ("/v1/completions/render", "prompt null", {"model": MODEL, "prompt": None}, 400),
+    ("/inference/v1/generate", "not json", "{{", 400),
+    ("/inference/v1/generate", "body a list", [1, 2], 400),
+    ("/inference/v1/generate", "empty token_ids",
+     {"token_ids": [], "sampling_params": {}}, 400),
+    ("/inference/v1/generate", "negative token_ids",
+     {"token_ids": [1, -2], "sampling_params": {}}, 400),
+    ("/inference/v1/generate", "token_ids strings",
+     {"token_ids": ["a"], "sampling_params": {}}, 400),
+    ("/inference/v1/generate", "no sampling_params", {"token_ids": [1]}, 400),
+    ("/inference/v1/generate", "unknown output_mode",
+     {"token_ids": [1], "sampling_params": {}, "output_mode": "pdf"}, 400),
+    ("/inference/v1/generate", "text without detokenize",
+     {"token_ids": [1], "sampling_params": {"detokenize": False}, "output_mode": "text"}, 400),
+    ("/inference/v1/generate", "derender without detokenize",
+     {"token_ids": [1], "sampling_params": {"detokenize": False}, "output_mode": "derender"},
+     400),
+    ("/inference/v1/generate", "bad parse_context",
+     {"token_ids": [1], "sampling_params": {}, "output_mode": "derender",
+      "parse_context": {"tools": 3}}, 400),
+    ("/inference/v1/generate", "unknown model",
+     {"token_ids": [1], "sampling_params": {}, "model": "nope"}, 404),
+    ("/v1/chat/completions/derender", "not json", "x", 400),
+    ("/v1/chat/completions/derender", "no generate_response", {"chat_request": None}, 400),
+    ("/v1/completions/derender", "empty generate_responses", {"generate_responses": []}, 400),
+    ("/inference/v1/abort_requests", "missing request_ids", {}, 400),
+    ("/inference/v1/abort_requests", "not json", "{", 400),
+    ("/inference/v1/abort_requests", "ids not strings", {"request_ids": [1]}, 400),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "what", "body", "status"), BAD_INPUTS, ids=[f"{p} {w}" for p, w, _, _ in BAD_INPUTS]
+)
+def test_bad_input_is_a_clear_4xx(
+    client: httpx.Client, path: str, what: str, body: Any, status: int
+) -> None:
+    if isinstance(body, str):
+        response = client.post(path, content=body.encode())
+    else:
+        response = client.post(path, json=body)
+    assert response.status_code == status, (what, response.text)
+    error = response.json()["error"]
+    assert set(error) >= {"message", "type", "param", "code"} and error["code"] == status
+    assert "Traceback" not in error["message"]
+
+
+def test_oversize_body_is_413_and_text_mode_on_tokens_only_is_400(client: httpx.Client) -> None:
+    huge = b'{"token_ids": [' + b"1," * (17 * 2**20) + b'1], "sampling_params": {}}'
+    response = client.post("/inference/v1/generate", content=huge)
+    assert response.status_code == 413
+    for mode in ("text", "derender"):
+        body = {"token_ids": [1, 2], "sampling_params": {}, "output_mode": mode}
+        reply = client.post(f"{TOKENS_ONLY_PREFIX}/inference/v1/generate", json=body, headers=AUTH)
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"]["param"] == "output_mode"
+
+
+def test_graph_still_serves_after_bad_inputs(client: httpx.Client) -> None:
+    assert len(BAD_INPUTS) >= 30
+    reply = client.post(
+        "/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 0},
+    )
+    assert reply.status_code == 200
+    assert "Hello!" in reply.json()["choices"][0]["message"]["content"]
+
+
+def test_killing_a_derender_replica_mid_stream(client: httpx.Client) -> None:
+    """The client sees an error event and [DONE]; the engine frees the slot; Serve heals."""
+    path, body, headers = long_body("tier", client)
+    stream = Stream(str(client.base_url), path, body, headers)
+    stream.start()
+    assert stream.first.wait(60) and stream.error is None, stream.error
+    os.kill(int(stream.headers["x-served-by-pid"]), signal.SIGKILL)
+    stream.join(60)
+    assert stream.error is None, stream.error
+    assert stream.events[-1] == "[DONE]"
+    errors = [e for e in stream.events if isinstance(e, dict) and "error" in e]
+    assert errors and errors[0]["error"]["code"] == 503, stream.events[-3:]
+    wait_idle(client, within_s=10.0)
+    deadline = time.monotonic() + 180
+    served: set[str] = set()
+    while len(served) < 2 and time.monotonic() < deadline:
+        reply = client.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+            headers={"X-Text-Placement": "tier"},
+        )
+        if reply.status_code == 200:
+            served.add(reply.headers["X-Served-By"])
+        time.sleep(0.5)
+    assert len(served) == 2, served
+
+
+def test_killing_a_generate_replica_mid_stream(client: httpx.Client) -> None:
+    """Error event and [DONE]; the engine dies with its replica; Serve brings it back."""
+    import psutil
+
+    path, body, headers = long_body("inline", client)
+    stream = Stream(str(client.base_url), path, body, headers)
+    stream.start()
+    assert stream.first.wait(60) and stream.error is None, stream.error
+    replica = psutil.Process(int(stream.headers["x-served-by-pid"]))
+    engine_processes = replica.children(recursive=True)
+    assert engine_processes, "the engine runs in child processes of its replica"
+    replica.kill()
+    stream.join(60)
+    assert stream.error is None, stream.error
+    assert stream.events[-1] == "[DONE]"
+    errors = [e for e in stream.events if isinstance(e, dict) and "error" in e]
+    assert errors and errors[0]["error"]["code"] == 503, stream.events[-3:]
+    # Nothing of that engine is left running (its request went with it).
+    _, alive = psutil.wait_procs(engine_processes, timeout=30)
+    assert not alive, alive
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        counts = running_requests(client)
+        if len(counts) == 2 and not any(counts.values()):
+            break
+        time.sleep(2)
+    assert len(running_requests(client)) == 2, "Serve did not restore the Generate replica"
+    reply = client.post(
+        "/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert reply.status_code == 200
