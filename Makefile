@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(EXTRA)
 BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
 export VLLM_CPU_KVCACHE_SPACE ?= 2
 
-.PHONY: install run test test-unit test-integration test-e2e lint typecheck check model model-check clean
+.PHONY: install run test test-unit test-integration test-e2e lint typecheck check model model-check k8s clean
 
 install: $(STAMP)
 
@@ -51,6 +51,9 @@ model: install
 
 model-check: install
 	$(PY) scripts/build_tiny_model.py --check
+
+k8s: install
+	$(PY) scripts/render_k8s.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

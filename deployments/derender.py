@@ -138,10 +138,7 @@ class Derender:
         serving = self._state.serving_derender
         if isinstance(request, DerenderChatStreamRequest):
             result = await serving.derender_chat_stream_response(request)
-            if isinstance(result, ErrorResponse):
-                return result
-            chunk, state = result
-            return DerenderChatStreamResponse(chunk=chunk, stream_state=state)
+            return _with_state(result, DerenderChatStreamResponse)
         return await serving.derender_chat_response(request)
 
     async def derender_completion(
@@ -150,15 +147,20 @@ class Derender:
         serving = self._state.serving_derender
         if isinstance(request, DerenderCompletionStreamRequest):
             result = await serving.derender_completion_stream_response(request)
-            if isinstance(result, ErrorResponse):
-                return result
-            chunk, state = result
-            return DerenderCompletionStreamResponse(chunk=chunk, stream_state=state)
+            return _with_state(result, DerenderCompletionStreamResponse)
         return await serving.derender_completion_response(request)
 
     async def ready(self) -> bool:
         """The ingress's readiness probe: answers once __init__ has finished."""
         return True
+
+
+def _with_state(result: Any, wrapper: Any) -> Any:
+    """vLLM's ``(chunk, stream_state)`` pair → its per-chunk response model."""
+    if isinstance(result, ErrorResponse):
+        return result
+    chunk, state = result
+    return wrapper(chunk=chunk, stream_state=state)
 
 
 async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:

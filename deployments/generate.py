@@ -12,6 +12,7 @@ Derender tier, next to the engine.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -82,6 +83,9 @@ class Generate:
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 
         self._config = config
+        # The engine's output handler and ZMQ sockets live on this loop; calls
+        # that Serve runs elsewhere (broadcasts) must hop onto it.
+        self._loop = asyncio.get_running_loop()
         self._engine = await engine_factory(config)
         args = serve_namespace(config, role="generate")
         state = State()
@@ -148,10 +152,18 @@ class Generate:
         routes. Both name the same engine request.
         """
         wanted = {engine_request_id(i) for i in request_ids} | set(request_ids)
+        return await self._on_engine_loop(self._abort_on_engine_loop(sorted(wanted)))
+
+    async def _abort_on_engine_loop(self, engine_ids: list[str]) -> int:
         live = self._engine.output_processor.external_req_ids
-        held = [i for i in wanted if live.get(i)]
-        await self._engine.abort(sorted(wanted))
+        held = [i for i in engine_ids if live.get(i)]
+        await self._engine.abort(engine_ids)
         return len(held)
+
+    async def _on_engine_loop(self, coro: Any) -> Any:
+        if asyncio.get_running_loop() is self._loop:
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
 
     async def engine_state(self) -> dict[str, Any]:
         """What this replica's engine is running, for /metrics and tests."""

@@ -138,7 +138,8 @@ class Ingress:
         result = await call(self._control.abort.remote(ids))
         if isinstance(result, ErrorResponse):
             return to_http(result)
-        return Response(status_code=200)
+        # vLLM answers an empty 200; the counts only help an operator.
+        return JSONResponse({"held": result})
 
     @app.get("/v1/models")
     async def models(self) -> JSONResponse:

@@ -84,6 +84,16 @@ class ParseContext(BaseModel):
         return ChatCompletionRequest.model_validate({"model": model, "messages": [], **fields})
 
 
+class _DerenderEnvelope(BaseModel):
+    """Fields shared by ``output_mode: "derender"`` responses and their chunks."""
+
+    request_id: str
+    created: int
+    model: str
+    output_mode: Literal["derender"] = "derender"
+    usage: UsageInfo | None = None
+
+
 class DerenderChoice(BaseModel):
     """One choice of a ``output_mode: "derender"`` response: the parsed message."""
 
@@ -93,16 +103,11 @@ class DerenderChoice(BaseModel):
     stop_reason: int | str | None = None
 
 
-class GenerateDerenderResponse(BaseModel):
+class GenerateDerenderResponse(_DerenderEnvelope):
     """``/inference/v1/generate`` with ``output_mode: "derender"`` (vLLM 0.33's shape)."""
 
-    request_id: str
     object: Literal["generate.derender"] = "generate.derender"
-    created: int
-    model: str
-    output_mode: Literal["derender"] = "derender"
     choices: list[DerenderChoice]
-    usage: UsageInfo | None = None
 
 
 class DerenderStreamChoice(BaseModel):
@@ -114,13 +119,8 @@ class DerenderStreamChoice(BaseModel):
     stop_reason: int | str | None = None
 
 
-class GenerateDerenderStreamResponse(BaseModel):
+class GenerateDerenderStreamResponse(_DerenderEnvelope):
     """One SSE chunk of ``output_mode: "derender"`` (streaming is ours; vLLM has none)."""
 
-    request_id: str
     object: Literal["generate.derender.chunk"] = "generate.derender.chunk"
-    created: int
-    model: str
-    output_mode: Literal["derender"] = "derender"
     choices: list[DerenderStreamChoice]
-    usage: UsageInfo | None = None

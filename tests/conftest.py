@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pytest
 
+# Snapshot the environment before any test module imports vLLM (see servers.py).
+import tests.support.servers  # noqa: F401
+
 _FOLDER_MARKS = {"unit", "integration", "e2e"}
 
 

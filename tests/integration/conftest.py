@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,7 +62,28 @@ def graph(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield Server(external, None, Path("/dev/null"))  # type: ignore[arg-type]
         return
     with running_graph(tmp_path_factory.mktemp("graph"), apps) as server:
+        wait_settled(server.base_url, {"": 2, TOKENS_ONLY_PREFIX: 1})
         yield server
+
+
+def wait_settled(base_url: str, generate_replicas: dict[str, int], timeout_s: float = 300) -> None:
+    """Until every app reports its Generate replica count, steadily.
+
+    /health answers once one replica of each tier does; a second Generate
+    replica (or one Serve replaced while the host was busy starting engines)
+    may still be coming up, and tests that reach every replica need them all.
+    """
+    deadline = time.monotonic() + timeout_s
+    steady = 0
+    while steady < 3:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Generate replicas did not settle at {generate_replicas}")
+        counts = {}
+        for prefix in generate_replicas:
+            text = httpx.get(f"{base_url}{prefix}/metrics", timeout=30).text
+            counts[prefix] = text.count("vllm:num_requests_running{")
+        steady = steady + 1 if counts == generate_replicas else 0
+        time.sleep(1)
 
 
 @pytest.fixture

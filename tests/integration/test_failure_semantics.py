@@ -16,7 +16,7 @@ import pytest
 from tests.integration.conftest import API_KEY, AUTH, MODEL, TOKENS_ONLY_PREFIX
 from tests.integration.test_skeleton import rendered, sse_payloads
 
-LONG = 1500  # tokens: streams that are still running when the test acts on them
+LONG = 4000  # tokens: streams that are still running when the test acts on them
 
 
 def running_requests(client: httpx.Client, prefix: str = "") -> dict[str, int]:
@@ -109,39 +109,6 @@ class Stream(threading.Thread):
     def token_count(self) -> int:
         usage = [e["usage"] for e in self.events if isinstance(e, dict) and e.get("usage")]
         return int(usage[-1]["completion_tokens"]) if usage else -1
-
-
-@pytest.mark.parametrize("kind", ["tokens", "text", "derender", "inline", "tier"])
-def test_abort_by_id_ends_streams_and_frees_engines(client: httpx.Client, kind: str) -> None:
-    path, body, headers = long_body(kind, client)
-    # Each rendered request gets its own id, as four separate clients' would.
-    bodies = [
-        {**body, "request_id": f"{body['request_id']}-{i}"} if "request_id" in body else body
-        for i in range(4)
-    ]
-    streams = [Stream(str(client.base_url), path, b, headers) for b in bodies]
-    for s in streams:
-        s.start()
-    for s in streams:
-        assert s.first.wait(60) and s.error is None, s.error
-    doomed, kept = streams[:2], streams[2:]
-    response = client.post(
-        "/inference/v1/abort_requests", json={"request_ids": [s.stream_id for s in doomed]}
-    )
-    assert response.status_code == 200, response.text
-    aborted_at = time.monotonic()
-    for s in streams:
-        s.join(120)
-        assert s.error is None, s.error
-        assert s.events[-1] == "[DONE]"
-    for s in doomed:
-        assert s.finish_reasons() == ["abort"], s.events[-3:]
-        assert s.ended_at is not None and s.ended_at - aborted_at < 1.0
-    for s in kept:
-        assert s.finish_reasons() == ["length"]
-        assert s.token_count() == LONG
-    assert len(running_requests(client)) == 2  # both Generate replicas report
-    wait_idle(client, within_s=1.0)
 
 
 def test_abort_of_unknown_or_finished_ids_is_a_no_op(client: httpx.Client) -> None:

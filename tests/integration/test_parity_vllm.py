@@ -16,33 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
+from scripts.build_tiny_model import TIME_TOOL, WEATHER_TOOL
 from tests.integration.conftest import AUTH, MODEL, TOKENS_ONLY_PREFIX
 from tests.support.servers import Server, free_port, running
-
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather for a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
-TIME_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "description": "Local time in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 
 
 def chat(content: str, **extra: Any) -> dict[str, Any]:

@@ -21,6 +21,12 @@ from typing import Any
 import httpx
 import yaml
 
+# The environment before any test module imports vLLM: importing it rewrites
+# os.environ (LD_PRELOAD, VLLM_*, thread settings), and servers started from a
+# polluted environment behave unlike servers a user starts. tests/conftest.py
+# imports this module first, so the snapshot is taken before collection.
+PRISTINE_ENV = dict(os.environ)
+
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 TINY_MODEL = REPO / "models" / "tiny-chat"
@@ -85,7 +91,8 @@ def running(
 ) -> Iterator[Server]:
     """Run ``argv`` in its own session, yield once every health path is 200."""
     log = log_path.open("wb")
-    proc_env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", **(env or {})}
+    path = f"{VENV_BIN}:{PRISTINE_ENV.get('PATH', '')}"
+    proc_env = {**PRISTINE_ENV, "PATH": path, **(env or {})}
     process = subprocess.Popen(
         list(argv),
         cwd=REPO,

@@ -22,16 +22,10 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
 from deployments.config import GraphConfig
 from deployments.render import build_render_state
 from deployments.stream_derenderer import ChatStreamDerenderer
+from scripts.build_tiny_model import WEATHER_TOOL
 from tests.support.servers import TINY_MODEL
 
 MODEL = str(TINY_MODEL)
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-    },
-}
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "chat": ("<think>\n\n</think>\n\nHello! How can I help you today?", {}),
     "reasoning": (

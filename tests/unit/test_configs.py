@@ -1,0 +1,91 @@
+"""Every Serve config in configs/: Serve's schema, no unknown keys, args our config accepts."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import BaseModel
+from ray.serve.schema import ServeDeploySchema
+
+from deployments.config import GraphConfig
+from tests.support.servers import REPO
+
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+TOPOLOGIES = {"G", "T", "B", "BP", "S", "I"}
+
+
+def model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside ``X``, ``list[X]``, ``X | None``; else None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def unknown_keys(data: Any, model: type[BaseModel], where: str = "") -> list[str]:
+    """Keys the model does not declare, recursively (ServeDeploySchema ignores them)."""
+    if not isinstance(data, dict):
+        return []
+    out = []
+    for key, value in data.items():
+        field = model.model_fields.get(key)
+        if field is None:
+            out.append(f"{where}{key}")
+            continue
+        inner = model_in(field.annotation)
+        if inner is None:
+            continue
+        items = value if isinstance(value, list) else [value]
+        for i, item in enumerate(items):
+            out += unknown_keys(item, inner, f"{where}{key}[{i}].")
+    return out
+
+
+def test_every_topology_has_a_config() -> None:
+    assert {p.stem for p in CONFIGS} >= TOPOLOGIES | {"local", "gpu"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_config_is_valid(path: Path) -> None:
+    data = yaml.safe_load(path.read_text())
+    schema = ServeDeploySchema.model_validate(data)
+    assert unknown_keys(data, ServeDeploySchema) == []
+    for app in schema.applications:
+        assert app.import_path == "graph:build_app"
+        config = GraphConfig.from_args(app.args)
+        for tier in (config.render, config.derender, config.generate, config.ingress):
+            if tier.autoscaling is not None:
+                assert tier.autoscaling.min_replicas <= tier.autoscaling.max_replicas
+
+
+def test_unknown_key_checker_catches_typos() -> None:
+    data = {
+        "applications": [
+            {
+                "import_path": "graph:build_app",
+                "deployments": [{"name": "Generate", "num_replica": 2}],
+            }
+        ],
+        "http_option": {},
+    }
+    assert ServeDeploySchema.model_validate(data)  # Serve itself lets them through
+    assert sorted(unknown_keys(data, ServeDeploySchema)) == [
+        "applications[0].deployments[0].num_replica",
+        "http_option",
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(TOPOLOGIES))
+def test_topology_config_builds_the_graph(name: str) -> None:
+    from graph import build_app
+
+    data = yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text())
+    app = build_app(data["applications"][0]["args"])
+    assert app is not None

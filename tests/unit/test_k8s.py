@@ -1,0 +1,180 @@
+"""k8s/: RayService manifests valid against KubeRay v1.7.0's CRDs and operator rules."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ray.serve.schema import ServeDeploySchema
+
+from deployments.config import GraphConfig
+from tests.support.crd import KUBERAY, all_errors, schema_errors, to_json_schema
+from tests.support.servers import REPO
+from tests.unit.test_configs import unknown_keys
+
+OVERLAYS = sorted(p.name for p in (REPO / "k8s" / "overlays").iterdir())
+SAMPLES = sorted((KUBERAY / "samples").glob("*.yaml"))
+
+
+def kustomize(folder: Path) -> list[dict[str, Any]]:
+    """Our overlays' kustomize build (resources, nameSuffix, JSON 6902 patches)."""
+    spec = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    docs: list[dict[str, Any]] = []
+    for resource in spec["resources"]:
+        path = folder / resource
+        docs += kustomize(path) if path.is_dir() else list(yaml.safe_load_all(path.read_text()))
+    for patch in spec.get("patches", []):
+        ops = yaml.safe_load((folder / patch["path"]).read_text())
+        for doc in docs:
+            if doc["kind"] == patch["target"]["kind"]:
+                for op in ops:
+                    assert op["op"] == "replace"
+                    *parents, leaf = op["path"].strip("/").split("/")
+                    node = doc
+                    for part in parents:
+                        node = node[part]
+                    node[leaf] = op["value"]
+    for doc in docs:
+        doc["metadata"]["name"] += spec.get("nameSuffix", "")
+    return docs
+
+
+def manifests() -> dict[str, dict[str, Any]]:
+    return copy.deepcopy(_built())
+
+
+@functools.cache
+def _built() -> dict[str, dict[str, Any]]:
+    built = {"base": kustomize(REPO / "k8s" / "base")[0]}
+    for name in OVERLAYS:
+        (built[name],) = kustomize(REPO / "k8s" / "overlays" / name)
+    return built
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=[p.stem for p in SAMPLES])
+def test_official_samples_pass(sample: Path) -> None:
+    for doc in yaml.safe_load_all(sample.read_text()):
+        if doc and doc.get("kind") in ("RayService", "RayCluster"):
+            assert all_errors(doc) == []
+
+
+def test_samples_need_defaults_applied_first() -> None:
+    """Self-check: without the API server's defaulting, official samples fail."""
+    import jsonschema
+
+    from tests.support.crd import crd_schema, drop_nulls
+
+    failing = 0
+    for sample in SAMPLES:
+        for doc in yaml.safe_load_all(sample.read_text()):
+            if doc and doc.get("kind") in ("RayService", "RayCluster"):
+                schema = to_json_schema(copy.deepcopy(crd_schema(doc["kind"])))
+                failing += any(jsonschema.Draft7Validator(schema).iter_errors(drop_nulls(doc)))
+    assert failing > 0
+
+
+def broken_variants() -> dict[str, Any]:
+    base = manifests()["s"]
+
+    def variant(change: Any) -> dict[str, Any]:
+        doc = copy.deepcopy(base)
+        change(doc)
+        return doc
+
+    cluster = lambda d: d["spec"]["rayClusterConfig"]  # noqa: E731
+    return {
+        "typo key": variant(lambda d: d["spec"].update(serveConfigV3="x")),
+        "typo in worker group": variant(lambda d: cluster(d)["workerGroupSpecs"][0].update(
+            minReplica=1)),
+        "wrong type": variant(lambda d: cluster(d).update(enableInTreeAutoscaling="yes")),
+        "serveConfigV2 as a mapping": variant(lambda d: d["spec"].update(
+            serveConfigV2={"applications": []})),
+        "missing head group": variant(lambda d: cluster(d).pop("headGroupSpec")),
+        "replicas as a string": variant(lambda d: cluster(d)["workerGroupSpecs"][0].update(
+            replicas="2")),
+        "int-or-string as a list": variant(lambda d: cluster(d)["headGroupSpec"]["template"][
+            "spec"]["containers"][0]["ports"][0].update(containerPort=[1])),
+        "name too long": variant(lambda d: d["metadata"].update(name="x" * 48)),
+        "name not a DNS label": variant(lambda d: d["metadata"].update(name="Scaleout_Serve")),
+        "minReplicas above maxReplicas": variant(lambda d: cluster(d)["workerGroupSpecs"][0].update(
+            minReplicas=5, maxReplicas=2)),
+        "unknown upgrade strategy": variant(lambda d: d["spec"].update(
+            upgradeStrategy={"type": "BlueGreen"})),
+        "rayStartParams not strings": variant(lambda d: cluster(d)["headGroupSpec"][
+            "rayStartParams"].update({"num-cpus": 0})),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("what", list(broken_variants()))
+def test_broken_variants_fail(what: str) -> None:
+    assert all_errors(broken_variants()[what]), what
+
+
+@pytest.mark.parametrize("name", ["base", *OVERLAYS])
+def test_manifest_validates(name: str) -> None:
+    assert all_errors(manifests()[name]) == []
+
+
+def test_manifests_have_the_gpu_profile_shape() -> None:
+    cluster = manifests()["base"]["spec"]["rayClusterConfig"]
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    assert cluster["enableInTreeAutoscaling"] is True and cluster["autoscalerOptions"]
+    gpu, cpu = cluster["workerGroupSpecs"]
+    resources = gpu["template"]["spec"]["containers"][0]["resources"]
+    assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"]
+    assert "nvidia.com/gpu" not in cpu["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert cpu["minReplicas"] < cpu["maxReplicas"]
+
+
+@pytest.mark.parametrize("name", ["base", *OVERLAYS])
+def test_serve_config_v2_is_a_valid_graph_config(name: str) -> None:
+    text = manifests()[name]["spec"]["serveConfigV2"]
+    assert isinstance(text, str)
+    data = yaml.safe_load(text)
+    schema = ServeDeploySchema.model_validate(data)
+    assert unknown_keys(data, ServeDeploySchema) == []
+    (app,) = schema.applications
+    config = GraphConfig.from_args(app.args)
+    assert config.num_gpus == 1
+    if name != "base":
+        local = yaml.safe_load((REPO / "configs" / f"{name.upper()}.yaml").read_text())
+        args = local["applications"][0]["args"]
+        assert config.tokens_only == args.get("tokens_only", False)
+        assert config.text_placement == args.get("text_placement", "inline")
+        assert config.tool_call_parser == args.get("tool_call_parser")
+
+
+def test_k8s_is_generated_from_configs() -> None:
+    result = subprocess.run(
+        [sys.executable, "scripts/render_k8s.py", "--check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_kubectl_kustomize_agrees_where_kubectl_exists() -> None:
+    """`kubectl kustomize` runs offline; where it is installed, it builds the same objects."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed on this machine")
+    for name in OVERLAYS:
+        out = subprocess.run(
+            [kubectl, "kustomize", f"k8s/overlays/{name}"],
+            cwd=REPO, capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert list(yaml.safe_load_all(out)) == [manifests()[name]]
+
+
+def test_schema_errors_name_the_field() -> None:
+    doc = copy.deepcopy(manifests()["s"])
+    doc["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] = "yes"
+    assert any("enableInTreeAutoscaling" in e for e in schema_errors(doc))
