@@ -58,6 +58,11 @@ def _built() -> dict[str, dict[str, Any]]:
     return built
 
 
+def test_kuberay_crds_and_samples_are_there() -> None:
+    assert (KUBERAY / "crds").is_dir(), f"KubeRay CRDs not found at {KUBERAY}"
+    assert len(SAMPLES) >= 10
+
+
 @pytest.mark.parametrize("sample", SAMPLES, ids=[p.stem for p in SAMPLES])
 def test_official_samples_pass(sample: Path) -> None:
     for doc in yaml.safe_load_all(sample.read_text()):
