@@ -11,6 +11,7 @@ The same fan-out reads each engine's state for ``/metrics``.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from ray import serve
@@ -32,11 +33,15 @@ class AbortFanout:
 
     async def abort(self, request_ids: list[str]) -> dict[str, int]:
         """Abort on every Generate replica; count the streams each tier held."""
-        aborted = await self._generate.broadcast("abort", request_ids).results_async(
-            timeout_s=BROADCAST_TIMEOUT_S, return_exceptions=True
-        )
-        held = await self._derender.broadcast("holds", request_ids).results_async(
-            timeout_s=BROADCAST_TIMEOUT_S, return_exceptions=True
+        # Side by side: an aborted stream leaves its Derender replica within
+        # milliseconds, so asking afterwards would find nothing held.
+        aborted, held = await asyncio.gather(
+            self._generate.broadcast("abort", request_ids).results_async(
+                timeout_s=BROADCAST_TIMEOUT_S, return_exceptions=True
+            ),
+            self._derender.broadcast("holds", request_ids).results_async(
+                timeout_s=BROADCAST_TIMEOUT_S, return_exceptions=True
+            ),
         )
         return {"generate": sum(_ints(aborted)), "derender": sum(_ints(held))}
 

@@ -115,6 +115,14 @@ class GraphConfig(_Strict):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM on GPU.")
     max_num_seqs: int | None = Field(None, ge=1, description="Engine batch size limit.")
     stream_interval: int = Field(1, ge=1, description="Engine steps per streamed chunk.")
+    stream_coalesce_ms: float = Field(
+        10.0,
+        ge=0,
+        le=1000,
+        description="Between tiers, SSE events arriving within this window after the last "
+        "handle item travel as one item (the first event is never held); 0 joins only "
+        "events already waiting.",
+    )
     enforce_eager: bool = Field(False, description="Disable graph capture/compilation.")
     tokens_only: bool = Field(
         False,

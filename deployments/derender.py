@@ -35,6 +35,7 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
 )
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
+from .coalesce import coalesce_events
 from .config import GraphConfig
 from .generate import GENERATE_PREFIX
 from .protocol import (
@@ -48,8 +49,8 @@ from .protocol import (
     served_by,
 )
 from .render import build_render_state
-from .sse import sse_event
-from .text_output import TextOutput, parse_sse, tokens_request
+from .sse import sse_data, sse_event, sse_payloads
+from .text_output import TextOutput, tokens_request
 
 
 @serve.deployment(
@@ -97,7 +98,8 @@ class Derender:
             if isinstance(first, GenerateTokensResponse):
                 yield await self._text.unary(job, first)
                 return
-            async for event in self._text.stream(job, _prepend(first, events)):
+            text = self._text.stream(job, _prepend(first, events))
+            async for event in coalesce_events(text, self._config.stream_coalesce_ms / 1000):
                 yield event
         finally:
             await events.aclose()
@@ -128,7 +130,7 @@ class Derender:
             if isinstance(item, ChatCompletionResponse):
                 yield _derender_response(item)
             elif isinstance(item, str):
-                yield _derender_event(item)
+                yield _derender_events(item)
             else:
                 yield item
 
@@ -187,11 +189,14 @@ def _derender_response(response: ChatCompletionResponse) -> GenerateDerenderResp
     )
 
 
-def _derender_event(event: str) -> str:
-    """A chat chunk event → the same step as a ``derender`` chunk event."""
-    payload = parse_sse(event)
+def _derender_events(events: str) -> str:
+    """Chat chunk events → the same steps as ``derender`` chunk events."""
+    return "".join(_derender_event(payload) for payload in sse_payloads(events))
+
+
+def _derender_event(payload: dict[str, Any] | str) -> str:
     if not isinstance(payload, dict) or "error" in payload:
-        return event
+        return sse_data(payload)
     chunk = ChatCompletionStreamResponse.model_validate(payload)
     return sse_event(
         GenerateDerenderStreamResponse(

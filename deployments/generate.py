@@ -26,6 +26,7 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
 )
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
+from .coalesce import coalesce_events
 from .config import GraphConfig
 from .protocol import TextJob, served_by
 from .text_output import TextOutput, tokens_request
@@ -83,6 +84,7 @@ class Generate:
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 
         self._config = config
+        self._coalesce_s = config.stream_coalesce_ms / 1000
         # The engine's output handler and ZMQ sockets live on this loop; calls
         # that Serve runs elsewhere (broadcasts) must hop onto it.
         self._loop = asyncio.get_running_loop()
@@ -103,7 +105,7 @@ class Generate:
             if isinstance(result, (ErrorResponse, GenerateResponseBase)):
                 yield result
                 return
-            async for event in result:
+            async for event in coalesce_events(result, self._coalesce_s):
                 yield event
         finally:
             # A cancelled call (client gone, caller cancelled) must free its
@@ -139,7 +141,7 @@ class Generate:
                 yield await self._text.unary(job, result)
                 return
             assert not isinstance(result, GenerateResponseBase)
-            async for event in self._text.stream(job, result):
+            async for event in coalesce_events(self._text.stream(job, result), self._coalesce_s):
                 yield event
         finally:
             await self._engine.abort(engine_id)

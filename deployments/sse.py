@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
 from pydantic import BaseModel
 
 DONE = "[DONE]"
@@ -10,3 +14,29 @@ DONE = "[DONE]"
 def sse_event(model: BaseModel) -> str:
     """One ``data:`` event, dumped as vLLM's OpenAI stream generators dump chunks."""
     return f"data: {model.model_dump_json()}\n\n"
+
+
+def sse_data(payload: dict[str, Any] | str) -> str:
+    """One ``data:`` event for a payload read back by :func:`sse_payloads`."""
+    if isinstance(payload, str):
+        return f"data: {payload}\n\n"
+    return f"data: {json.dumps(payload, separators=(',', ':'), ensure_ascii=False)}\n\n"
+
+
+async def sse_stream_payloads(source: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+    """The JSON payloads of a stream of (possibly joined) events, up to ``[DONE]``."""
+    async for text in source:
+        for payload in sse_payloads(text):
+            if payload == DONE:
+                return
+            assert isinstance(payload, dict)
+            yield payload
+
+
+def sse_payloads(text: str) -> Iterator[dict[str, Any] | str]:
+    """Each ``data: …`` event in ``text`` (one event, or several joined) → its
+    JSON object, or ``DONE``. Comments and blank lines are skipped."""
+    for line in text.splitlines():
+        if line.startswith("data:"):
+            data = line[len("data:") :].strip()
+            yield DONE if data == DONE else json.loads(data)

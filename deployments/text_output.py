@@ -9,9 +9,7 @@ through vLLM's own batch derender (``ServingDerender``), exactly as its
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
-from typing import Any
 
 from vllm.entrypoints.openai.chat_completion.protocol import (
     ChatCompletionRequest,
@@ -40,7 +38,7 @@ from vllm.renderers.online_derenderer import (
 from .chat_message import GeneratedChoice, chat_choice
 from .errors import bad_request
 from .protocol import TextJob
-from .sse import DONE, sse_event
+from .sse import DONE, sse_data, sse_event, sse_stream_payloads
 from .stop_strings import cut_at_stop, ended_on_stop_string, ended_on_stop_token
 from .stream_derenderer import ChatStreamDerenderer, CompletionStreamDerenderer
 
@@ -151,26 +149,12 @@ class TextOutput:
                 self._derenderer, job.completion_request, prompt, job.model_name
             )
         response_id = job.generate_request.request_id
-        async for event in source:
-            payload = parse_sse(event)
-            if payload is None:
-                continue
-            if payload is DONE:
-                break
+        async for payload in sse_stream_payloads(source):
             if "error" in payload:
-                yield event
+                yield sse_data(payload)
                 continue
             chunk = GenerateTokensStreamResponse.model_validate(payload)
             out = await feeder.feed(chunk)
             out.id = response_id
             yield sse_event(out)
         yield f"data: {DONE}\n\n"
-
-
-def parse_sse(event: str) -> dict[str, Any] | str | None:
-    """One ``data: …`` event → its JSON object, or ``DONE``; None for comments."""
-    for line in event.splitlines():
-        if line.startswith("data:"):
-            data = line[len("data:") :].strip()
-            return DONE if data == DONE else json.loads(data)
-    return None

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 
 from tests.integration.conftest import API_KEY, AUTH, MODEL, TOKENS_ONLY_PREFIX
 from tests.integration.test_skeleton import rendered, sse_payloads
+from tests.support.sse_reader import Stream
 
 LONG = 4000  # tokens: streams that are still running when the test acts on them
 
@@ -58,57 +58,6 @@ def long_body(kind: str, client: httpx.Client) -> tuple[str, dict[str, Any], dic
     if kind != "derender":
         request.pop("parse_context")
     return "/inference/v1/generate", request, {}
-
-
-class Stream(threading.Thread):
-    """Reads one SSE stream in the background; records its events and timings."""
-
-    def __init__(self, base_url: str, path: str, body: dict[str, Any], headers: dict[str, str]):
-        super().__init__(daemon=True)
-        self.args = (base_url, path, body, headers)
-        self.events: list[Any] = []
-        self.first = threading.Event()
-        self.ended_at: float | None = None
-        self.error: BaseException | None = None
-        self.headers: dict[str, str] = {}
-
-    def run(self) -> None:
-        base_url, path, body, headers = self.args
-        try:
-            with (
-                httpx.Client(base_url=base_url, timeout=120) as c,
-                c.stream("POST", path, json=body, headers=headers) as response,
-            ):
-                assert response.status_code == 200, response.read()
-                self.headers = dict(response.headers)
-                for line in response.iter_lines():
-                    if line.startswith("data: "):
-                        data = line[6:]
-                        self.events.append(data if data == "[DONE]" else json.loads(data))
-                        self.first.set()
-        except BaseException as exc:  # surfaced by the test
-            self.error = exc
-        finally:
-            self.ended_at = time.monotonic()
-            self.first.set()
-
-    @property
-    def stream_id(self) -> str:
-        event = self.events[0]
-        return event.get("id") or event["request_id"]
-
-    def finish_reasons(self) -> list[str]:
-        return [
-            c["finish_reason"]
-            for e in self.events
-            if isinstance(e, dict)
-            for c in e.get("choices", [])
-            if c.get("finish_reason")
-        ]
-
-    def token_count(self) -> int:
-        usage = [e["usage"] for e in self.events if isinstance(e, dict) and e.get("usage")]
-        return int(usage[-1]["completion_tokens"]) if usage else -1
 
 
 def test_abort_of_unknown_or_finished_ids_is_a_no_op(client: httpx.Client) -> None:
@@ -326,7 +275,7 @@ def test_killing_a_derender_replica_mid_stream(client: httpx.Client) -> None:
     path, body, headers = long_body("tier", client)
     stream = Stream(str(client.base_url), path, body, headers)
     stream.start()
-    assert stream.first.wait(60) and stream.error is None, stream.error
+    assert stream.wait_first(60) and stream.error is None, stream.error
     os.kill(int(stream.headers["x-served-by-pid"]), signal.SIGKILL)
     stream.join(60)
     assert stream.error is None, stream.error
@@ -355,7 +304,7 @@ def test_killing_a_generate_replica_mid_stream(client: httpx.Client) -> None:
     path, body, headers = long_body("inline", client)
     stream = Stream(str(client.base_url), path, body, headers)
     stream.start()
-    assert stream.first.wait(60) and stream.error is None, stream.error
+    assert stream.wait_first(60) and stream.error is None, stream.error
     replica = psutil.Process(int(stream.headers["x-served-by-pid"]))
     engine_processes = replica.children(recursive=True)
     assert engine_processes, "the engine runs in child processes of its replica"

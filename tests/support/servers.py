@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import yaml
 
 # The environment before any test module imports vLLM: importing it rewrites
@@ -67,7 +68,14 @@ def wait_healthy(server: Server, health_paths: Sequence[str], timeout_s: float) 
 
 
 def stop(server: Server, grace_s: float = 20) -> None:
-    """Stop the process group we started (serve run's Ray cluster included)."""
+    """Stop the process group we started (serve run's Ray cluster included), then
+    every process it started that outlived it.
+
+    Ray starts its workers in their own process groups, and a vLLM engine
+    (EngineCore and its workers) outlives a replica that is killed rather than
+    shut down: without the sweep, each stopped graph leaks ~2 GB per engine.
+    """
+    tree = _descendants(server.process.pid)
     if server.process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.process.pid, signal.SIGINT)
@@ -77,6 +85,16 @@ def stop(server: Server, grace_s: float = 20) -> None:
         os.killpg(server.process.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         server.process.wait(10)
+    for process in tree:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(tree, timeout=10)
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    with contextlib.suppress(psutil.Error):
+        return list(psutil.Process(pid).children(recursive=True))
+    return []
 
 
 @contextlib.contextmanager

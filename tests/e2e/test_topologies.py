@@ -1,0 +1,117 @@
+"""Every topology in configs/ starts with `serve run` and serves one request its way.
+
+Each config runs as written but on a free port (and a smaller KV cache), one
+after another: G tokens, T text, B/BP per-chunk stateless derender, S/I chat.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.support.servers import REPO, TINY_MODEL, VENV_BIN, free_port, running
+
+MODEL = str(TINY_MODEL)
+HI = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+ANSWER = "Hello! How can I help you today?"
+
+
+def sse(text: str) -> list[dict[str, Any]]:
+    return [
+        json.loads(line[6:])
+        for line in text.splitlines()
+        if line.startswith("data: ") and line != "data: [DONE]"
+    ]
+
+
+def render(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
+    response = client.post("/v1/chat/completions/render", json=body)
+    assert response.status_code == 200, response.text
+    rendered = response.json()
+    rendered.pop("parse_context")
+    return rendered
+
+
+def tokens(client: httpx.Client) -> None:
+    request = render(client, {**HI, "max_tokens": 16})
+    reply = client.post("/inference/v1/generate", json=request)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["token_ids"]
+    text = client.post("/inference/v1/generate", json={**request, "output_mode": "text"})
+    assert text.status_code == 400  # tokens_only: the client detokenizes
+
+
+def text(client: httpx.Client) -> None:
+    request = render(client, {**HI, "max_tokens": 32})
+    reply = client.post("/inference/v1/generate", json={**request, "output_mode": "text"})
+    assert reply.status_code == 200, reply.text
+    assert ANSWER in reply.json()["choices"][0]["text"]
+
+
+def per_chunk_derender(client: httpx.Client) -> None:
+    request = render(client, {**HI, "max_tokens": 32})
+    chunks = sse(client.post("/inference/v1/generate", json={**request, "stream": True}).text)
+    state, content = None, ""
+    for chunk in chunks:
+        step = client.post(
+            "/v1/chat/completions/derender",
+            json={
+                "stream": True,
+                "generate_chunk": chunk,
+                "stream_state": state,
+                "chat_request": HI,
+                "prompt_token_ids": request["token_ids"],
+            },
+        )
+        assert step.status_code == 200, step.text
+        state = step.json()["stream_state"]
+        for choice in step.json()["chunk"]["choices"]:
+            content += choice["delta"].get("content") or ""
+    assert ANSWER in content
+
+
+def chat(placement: str) -> Callable[[httpx.Client], None]:
+    def check(client: httpx.Client) -> None:
+        reply = client.post("/v1/chat/completions", json={**HI, "stream": True})
+        assert reply.status_code == 200, reply.text
+        assert reply.headers["X-Text-Placement"] == placement
+        content = "".join(c["choices"][0]["delta"].get("content") or "" for c in sse(reply.text))
+        assert content.strip() == ANSWER
+
+    return check
+
+
+CHECKS: dict[str, Callable[[httpx.Client], None]] = {
+    "G": tokens,
+    "T": text,
+    "B": per_chunk_derender,
+    "BP": per_chunk_derender,
+    "S": chat("tier"),
+    "I": chat("inline"),
+}
+
+
+@pytest.mark.parametrize("topology", list(CHECKS))
+def test_topology_serves(topology: str, tmp_path: Path) -> None:
+    config = yaml.safe_load((REPO / "configs" / f"{topology}.yaml").read_text())
+    port = free_port()
+    config["http_options"]["port"] = port
+    config["applications"][0]["args"]["kv_cache_gib"] = 1
+    path = tmp_path / f"{topology}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with (
+        running(
+            [str(VENV_BIN / "serve"), "run", str(path)],
+            port=port,
+            log_path=tmp_path / "serve.log",
+            env={"RAY_USAGE_STATS_ENABLED": "0"},
+        ) as server,
+        httpx.Client(base_url=server.base_url, timeout=120) as client,
+    ):
+        CHECKS[topology](client)
