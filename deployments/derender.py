@@ -35,7 +35,6 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
 )
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
-from .coalesce import coalesce_events
 from .config import GraphConfig
 from .generate import GENERATE_PREFIX
 from .protocol import (
@@ -68,6 +67,7 @@ from .text_output import TextOutput, tokens_request
 class Derender:
     async def __init__(self, config: GraphConfig, generate: DeploymentHandle) -> None:  # type: ignore[misc]
         self._config = config
+        self._coalesce_s = config.stream_coalesce_ms / 1000
         self._state = await build_render_state(config)
         self._text = TextOutput(self._state.online_derenderer, self._state.serving_derender)
         self._generate = generate.options(stream=True)
@@ -92,15 +92,10 @@ class Derender:
         events = self._generate_events(tokens_request(job, stream=stream))
         try:
             first = await anext(events)
-            if isinstance(first, ErrorResponse):
-                yield first
-                return
-            if isinstance(first, GenerateTokensResponse):
-                yield await self._text.unary(job, first)
-                return
-            text = self._text.stream(job, _prepend(first, events))
-            async for event in coalesce_events(text, self._config.stream_coalesce_ms / 1000):
-                yield event
+            done = isinstance(first, (ErrorResponse, GenerateTokensResponse))
+            result = first if done else _prepend(first, events)
+            async for item in self._text.respond(job, result, self._coalesce_s):
+                yield item
         finally:
             await events.aclose()
             if self._streams.get(stream_id, 0) <= 1:

@@ -134,15 +134,12 @@ class Generate:
             result = await self._state.serving_tokens.serve_tokens(
                 tokens_request(job, stream=stream)
             )
-            if isinstance(result, ErrorResponse):
-                yield result
-                return
-            if isinstance(result, GenerateTokensResponse):
-                yield await self._text.unary(job, result)
-                return
-            assert not isinstance(result, GenerateResponseBase)
-            async for event in coalesce_events(self._text.stream(job, result), self._coalesce_s):
-                yield event
+            # tokens_request asks for tokens: a unary result is a tokens response.
+            assert not isinstance(result, GenerateResponseBase) or isinstance(
+                result, GenerateTokensResponse
+            )
+            async for item in self._text.respond(job, result, self._coalesce_s):
+                yield item
         finally:
             await self._engine.abort(engine_id)
 

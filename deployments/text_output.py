@@ -10,6 +10,7 @@ through vLLM's own batch derender (``ServingDerender``), exactly as its
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 from vllm.entrypoints.openai.chat_completion.protocol import (
     ChatCompletionRequest,
@@ -36,6 +37,7 @@ from vllm.renderers.online_derenderer import (
 )
 
 from .chat_message import GeneratedChoice, chat_choice
+from .coalesce import coalesce_events
 from .errors import bad_request
 from .protocol import TextJob
 from .sse import DONE, sse_data, sse_event, sse_stream_payloads
@@ -54,6 +56,23 @@ class TextOutput:
     def __init__(self, derenderer: OnlineDerenderer, serving_derender: ServingDerender) -> None:
         self._derenderer = derenderer
         self._serving = serving_derender
+
+    async def respond(
+        self,
+        job: TextJob,
+        result: ErrorResponse | GenerateTokensResponse | AsyncIterator[str],
+        coalesce_s: float,
+    ) -> AsyncIterator[Any]:
+        """One generate result → what the client gets: the error value, the unary
+        response, or the SSE stream (coalesced for the handle hop back)."""
+        if isinstance(result, ErrorResponse):
+            yield result
+            return
+        if isinstance(result, GenerateTokensResponse):
+            yield await self.unary(job, result)
+            return
+        async for event in coalesce_events(self.stream(job, result), coalesce_s):
+            yield event
 
     async def unary(
         self, job: TextJob, response: GenerateTokensResponse
