@@ -30,17 +30,43 @@ async def collect(source: AsyncIterator[Any], window_s: float) -> list[tuple[flo
 
 
 def test_first_event_is_not_held_and_a_burst_travels_as_one_item() -> None:
-    source = timed([(0, event(0))] + [(0.001, event(i)) for i in range(1, 6)])
-    out = asyncio.run(collect(source, window_s=0.2))
-    first_at, first = out[0]
-    assert first == event(0) and first_at < 0.1
-    assert [item for _, item in out[1:]] == ["".join(event(i) for i in range(1, 6))]
+    async def run() -> list[Any]:
+        sent_first = asyncio.Event()
+
+        async def source() -> AsyncIterator[str]:
+            yield event(0)
+            await sent_first.wait()
+            for i in range(1, 6):  # a burst: all queued in one loop turn
+                yield event(i)
+
+        out = []
+        async for item in coalesce_events(source(), window_s=0):
+            out.append(item)
+            sent_first.set()
+        return out
+
+    out = asyncio.run(run())
+    assert out == [event(0), "".join(event(i) for i in range(1, 6))]
 
 
-def test_events_slower_than_the_window_are_never_delayed() -> None:
-    source = timed([(0.05, event(i)) for i in range(4)])
-    out = asyncio.run(collect(source, window_s=0.001))
-    assert [item for _, item in out] == [event(i) for i in range(4)]
+def test_events_that_come_one_at_a_time_go_one_at_a_time() -> None:
+    async def run() -> list[Any]:
+        received = asyncio.Event()
+
+        async def source() -> AsyncIterator[str]:
+            for i in range(4):
+                received.clear()
+                yield event(i)
+                await received.wait()  # the next event exists only after this one left
+                await asyncio.sleep(0.002)  # and after the window
+
+        out = []
+        async for item in coalesce_events(source(), window_s=0.001):
+            out.append(item)
+            received.set()
+        return out
+
+    assert asyncio.run(run()) == [event(i) for i in range(4)]
 
 
 def test_non_string_items_keep_their_place() -> None:
