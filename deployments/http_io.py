@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
 from typing import Any, TypeVar
 
@@ -66,12 +66,20 @@ async def parse_body(raw: Request, model: type[ModelT]) -> ModelT | ErrorRespons
     return result
 
 
-async def respond(items: Any, headers: dict[str, str] | None = None) -> Response:
+async def respond(
+    items: Any,
+    headers: dict[str, str] | None = None,
+    on_failure: Callable[[], None] | None = None,
+) -> Response:
     """One streamed handle call → HTTP.
 
     The first item is awaited before any status is sent, so an error that
     comes first (bad input, overload) is a real 4xx/5xx, not a 200 with a
     cut-off body. A unary call yields exactly one item.
+
+    ``on_failure`` runs when a tier fails under the call (not for overload or
+    bad input): a replica that died mid-stream cannot cancel the calls it
+    made, so the caller cleans up what they may have left running.
     """
     try:
         first = await anext(items)
@@ -84,9 +92,12 @@ async def respond(items: Any, headers: dict[str, str] | None = None) -> Response
             first = await anext(items)
     except BaseException as exc:
         _cancel(items)
-        if isinstance(exc, Exception):
-            return failure_response(exc)
-        raise
+        if not isinstance(exc, Exception):
+            raise
+        error = failure_error(exc)
+        if on_failure is not None and _tier_failed(exc, error):
+            on_failure()
+        return to_http(error, {"Retry-After": RETRY_AFTER_S})
     if isinstance(first, ErrorResponse):
         return to_http(first, headers)
     if isinstance(first, BaseModel):
@@ -100,6 +111,8 @@ async def respond(items: Any, headers: dict[str, str] | None = None) -> Response
         except Exception as exc:
             # The status line is gone; say so in the stream, as vLLM does.
             logger.warning("stream failed after it started: %r", exc)
+            if on_failure is not None:
+                on_failure()
             error = create_error_response(
                 f"stream failed: {type(exc).__name__}",
                 "ServiceUnavailableError",
@@ -145,8 +158,12 @@ def failure_error(exc: Exception) -> ErrorResponse:
     )
 
 
-def failure_response(exc: Exception) -> Response:
-    return to_http(failure_error(exc), {"Retry-After": RETRY_AFTER_S})
+def _tier_failed(exc: Exception, error: ErrorResponse) -> bool:
+    """A tier broke under the call; overload and bad input leave nothing running."""
+    return (
+        not isinstance(exc, BackPressureError)
+        and error.error.code >= HTTPStatus.INTERNAL_SERVER_ERROR
+    )
 
 
 def _cancel(items: Any) -> None:

@@ -8,6 +8,7 @@ turns error values into HTTP responses.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -83,6 +84,8 @@ class Ingress:
         self._generate = generate.options(stream=True)
         self._derender_unary = derender
         self._derender = derender.options(stream=True)
+        # Abort calls in flight after a tier failed (held so they are not collected).
+        self._cleanups: set[asyncio.Task[Any]] = set()
 
     @app.get("/health")
     async def health(self) -> Response:
@@ -192,7 +195,10 @@ class Ingress:
             request = validate(data, GenerateRequest)
             if isinstance(request, ErrorResponse):
                 return to_http(request)
-            return await respond(self._generate.generate.remote(request))
+            return await respond(
+                self._generate.generate.remote(request),
+                on_failure=self._abort_later(request.request_id),
+            )
         request = validate({**data, "output_mode": "tokens"}, GenerateRequest)
         if isinstance(request, ErrorResponse):
             return to_http(request)
@@ -203,7 +209,10 @@ class Ingress:
         context = None if context_data is None else validate(context_data, ParseContext)
         if isinstance(context, ErrorResponse):
             return to_http(context)
-        return await respond(self._derender.generate_derender.remote(request, context))
+        return await respond(
+            self._derender.generate_derender.remote(request, context),
+            on_failure=self._abort_later(request.request_id),
+        )
 
     @app.post("/v1/chat/completions/derender")
     async def derender_chat(self, raw: Request) -> Response:
@@ -283,4 +292,23 @@ class Ingress:
 
     async def _text(self, job: TextJob, placement: str) -> Response:
         tier = self._derender if placement == "tier" else self._generate
-        return await respond(tier.text.remote(job), headers={PLACEMENT_HEADER: placement})
+        return await respond(
+            tier.text.remote(job),
+            headers={PLACEMENT_HEADER: placement},
+            on_failure=self._abort_later(job.generate_request.request_id),
+        )
+
+    def _abort_later(self, request_id: str) -> Callable[[], None]:
+        """Abort ``request_id`` on every engine, in the background, once called.
+
+        A Derender replica that dies mid-stream cannot cancel its call to
+        Generate, and Ray does not cancel an actor call whose caller died:
+        the engine would run the request to its end for nobody.
+        """
+
+        def abort() -> None:
+            task = asyncio.create_task(call(self._control.abort.remote([request_id])))
+            self._cleanups.add(task)
+            task.add_done_callback(self._cleanups.discard)
+
+        return abort

@@ -1,0 +1,78 @@
+"""Handle results to HTTP: when a tier's failure triggers cleanup, and when not."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from fastapi.responses import StreamingResponse
+from ray.exceptions import ActorDiedError
+from ray.serve.exceptions import BackPressureError
+
+from deployments.http_io import respond
+from deployments.sse import DONE, sse_data
+
+
+class Call:
+    """A streamed handle call: yields ``items``, then raises ``error`` if set."""
+
+    def __init__(self, items: list[str], error: Exception | None = None) -> None:
+        self._items = iter(items)
+        self._error = error
+        self.cancelled = False
+
+    def __aiter__(self) -> Call:
+        return self
+
+    async def __anext__(self) -> str:
+        for item in self._items:
+            return item
+        if self._error is not None:
+            raise self._error
+        raise StopAsyncIteration
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+async def body_of(call: Call, failures: list[str]) -> tuple[int, str]:
+    response = await respond(call, on_failure=lambda: failures.append("cleanup"))
+    if not isinstance(response, StreamingResponse):
+        return response.status_code, bytes(response.body).decode()
+    chunks = [c if isinstance(c, str) else bytes(c).decode() async for c in response.body_iterator]
+    return response.status_code, "".join(chunks)
+
+
+def test_a_tier_dying_mid_stream_ends_the_stream_and_triggers_cleanup() -> None:
+    failures: list[str] = []
+    call = Call([sse_data({"i": 0})], ActorDiedError())
+    status, body = asyncio.run(body_of(call, failures))
+    assert status == 200
+    events = [line.removeprefix("data: ") for line in body.split("\n\n") if line]
+    assert json.loads(events[0]) == {"i": 0}
+    assert json.loads(events[1])["error"]["code"] == 503
+    assert events[2] == DONE
+    assert failures == ["cleanup"]
+    assert call.cancelled
+
+
+def test_a_stream_that_ends_well_triggers_no_cleanup() -> None:
+    failures: list[str] = []
+    status, body = asyncio.run(body_of(Call([sse_data({"i": 0}), sse_data(DONE)]), failures))
+    assert status == 200 and body.endswith(f"data: {DONE}\n\n")
+    assert failures == []
+
+
+def test_overload_before_the_first_item_is_a_503_without_cleanup() -> None:
+    failures: list[str] = []
+    overloaded = Call([], BackPressureError(num_queued_requests=2, max_queued_requests=1))
+    status, body = asyncio.run(body_of(overloaded, failures))
+    assert status == 503 and json.loads(body)["error"]["code"] == 503
+    assert failures == []
+
+
+def test_a_tier_dying_before_the_first_item_is_a_503_with_cleanup() -> None:
+    failures: list[str] = []
+    status, _ = asyncio.run(body_of(Call([], ActorDiedError()), failures))
+    assert status == 503
+    assert failures == ["cleanup"]
