@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import platform
 import statistics
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import ray
 from ray import serve
@@ -71,7 +72,8 @@ class Sink:
             start = time.perf_counter()
             first = -1.0
             items = received = 0
-            async for item in self._source.stream.remote(tokens, pace_s, window_s):
+            stream: Any = self._source.stream.remote(tokens, pace_s, window_s)
+            async for item in stream:
                 if first < 0:
                     first = time.perf_counter() - start
                 items += 1
@@ -103,8 +105,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="write a markdown report here")
     args = parser.parse_args()
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
-    sink = serve.run(Sink.bind(Source.bind()), name="transport", route_prefix=None)
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR)
+    graph = cast(Any, Sink).bind(cast(Any, Source).bind())
+    sink = serve.run(graph, name="transport", route_prefix=None)
     rows: list[str] = []
     per_token: dict[tuple[float, int, str], float] = {}
     for pace_ms in [float(p) for p in args.pace_ms.split(",")]:

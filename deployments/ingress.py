@@ -48,6 +48,20 @@ async def _awaited(response: Any) -> Any:
 RequestT = TypeVar("RequestT", ChatCompletionRequest, CompletionRequest)
 
 
+def rendered_json(rendered: GenerateRequest) -> dict[str, Any]:
+    """A rendered request as JSON that generate reads back the same.
+
+    ``SamplingParams`` serializes with ``omit_defaults``, so a client's
+    ``max_tokens: 16`` (the dataclass default) vanishes from the JSON, and
+    generate, seeing no ``max_tokens``, applies its server-side default: up
+    to the context length. Write it whenever render resolved one.
+    """
+    data = rendered.model_dump()
+    if rendered.sampling_params.max_tokens is not None:
+        data["sampling_params"]["max_tokens"] = rendered.sampling_params.max_tokens
+    return data
+
+
 def _with_header_id(request: RequestT, raw: Request) -> RequestT:
     """vLLM takes the request id from ``X-Request-Id``, else the body, else a uuid.
 
@@ -161,7 +175,7 @@ class Ingress:
         if isinstance(rendered, ErrorResponse):
             return to_http(rendered)
         return JSONResponse(
-            {**rendered.model_dump(), "parse_context": ParseContext.of(request).model_dump()}
+            {**rendered_json(rendered), "parse_context": ParseContext.of(request).model_dump()}
         )
 
     @app.post("/v1/completions/render")
@@ -172,7 +186,7 @@ class Ingress:
         rendered = await call(self._render.render_completion.remote(_with_header_id(request, raw)))
         if isinstance(rendered, ErrorResponse):
             return to_http(rendered)
-        return JSONResponse([item.model_dump() for item in rendered])
+        return JSONResponse([rendered_json(item) for item in rendered])
 
     @app.post("/inference/v1/generate")
     async def generate(self, raw: Request) -> Response:

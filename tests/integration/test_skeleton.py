@@ -75,6 +75,21 @@ def test_tokens_mode_returns_token_ids(client: httpx.Client) -> None:
     assert "text" not in body["choices"][0]
 
 
+def test_max_tokens_16_survives_render_to_generate(client: httpx.Client) -> None:
+    """16 is SamplingParams' default, which vLLM leaves out of the rendered JSON;
+    generate would read that as "unset" and run to the context length."""
+    chat = rendered(client, {**HI, "max_tokens": 16, "ignore_eos": True})
+    completion = client.post(
+        "/v1/completions/render",
+        json={"model": MODEL, "prompt": "The capital of", "max_tokens": 16, "ignore_eos": True},
+    ).json()[0]
+    for request in (chat, completion):
+        request.pop("parse_context", None)
+        response = client.post("/inference/v1/generate", json=request)
+        assert response.status_code == 200, response.text
+        assert len(response.json()["choices"][0]["token_ids"]) == 16
+
+
 def test_text_mode_text_equals_detokenized_token_ids(client: httpx.Client) -> None:
     tokenizer = AutoTokenizer.from_pretrained(MODEL)
     for prompt in ("hi", "What is the capital of Japan?", "think: what is 2 plus 3?"):

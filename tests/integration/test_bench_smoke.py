@@ -1,0 +1,57 @@
+"""The experiment harness, one short cell per client type, on the session graph.
+
+``python -m bench run --url`` drives every topology's client against the one
+graph (it serves tokens, text, per-chunk derender and both placements), then
+the outputs are read back: rows present, numbers finite, plots written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.servers import REPO, Server
+
+TOPOLOGIES = ["G", "T", "B", "BP", "S", "I"]
+
+
+def test_harness_runs_one_cell_per_client_type(graph: Server, tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    argv = [
+        sys.executable, "-m", "bench", "run", "--url", graph.base_url,
+        "--topologies", ",".join(TOPOLOGIES), "--shapes", "chat", "--rps", "2",
+        "--duration", "3", "--length-scale", "0.1", "--out", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    cells = json.loads((out / "cells.json").read_text())
+    assert [c["topology"] for c in cells] == TOPOLOGIES
+    for cell in cells:
+        assert cell["requests"] > 0 and cell["completed"] == cell["requests"], cell
+        assert cell["errors"] == 0 and cell["drained"], cell
+        for key in ("ttft_p50_ms", "ttft_p95_ms", "tpot_p50_ms", "tpot_p95_ms", "e2e_p50_ms"):
+            assert cell[key] is not None and math.isfinite(cell[key]) and cell[key] >= 0, cell
+        assert cell["output_tokens_per_s"] > 0
+        assert cell["cpu_s"].get("Generate", 0) > 0, cell["cpu_s"]
+
+    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(rows) == sum(c["requests"] for c in cells)
+    for row in rows:
+        # Every request ran to its fixed length (max_tokens + ignore_eos).
+        assert row["error"] is None and row["output_tokens"] >= 13, row
+        assert row["ttft_ms"] <= row["e2e_ms"]
+
+    table = (out / "table.md").read_text()
+    header = table.splitlines()[2]
+    assert header.startswith("| shape @ rps | G (gen only) | T (inline text)"), header
+    assert "| chat @2 |" in table and "did not drain" not in table
+    timeline = json.loads((out / "timeline.json").read_text())
+    samples = [s for run in timeline["samples"] for s in next(iter(run.values()))]
+    assert samples and all(s.get("Generate") == 2 for s in samples)
+    for name in ("latency.png", "replicas.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "cells.csv").read_text().count("\n") == len(TOPOLOGIES) + 1

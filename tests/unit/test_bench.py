@@ -1,0 +1,93 @@
+"""The experiment harness's pure parts: the seed's TPOT, percentiles, arrivals, shapes, table."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from bench.arrivals import Phase, arrival_times, parse_ramp
+from bench.report import cell_text, markdown_table
+from bench.shapes import make_requests, output_range
+from bench.stats import RequestRecord, percentile, summarize, tpot_ms
+
+
+def test_tpot_is_last_minus_first_delta_over_tokens_minus_one() -> None:
+    # 11 tokens in 4 coalesced chunks: first at 0.10 s, last at 0.60 s.
+    assert tpot_ms([0.10, 0.25, 0.40, 0.60], 11) == pytest.approx(50.0)
+    # The chunking does not matter, only the first and last delta.
+    assert tpot_ms([0.10, 0.60], 11) == pytest.approx(50.0)
+    assert tpot_ms([0.10], 1) is None
+    assert tpot_ms([], 5) is None
+
+
+def test_record_metrics_from_a_synthetic_trace() -> None:
+    record = RequestRecord(0, scheduled_s=1.0, sent_s=1.0, delta_s=[1.2, 1.5, 2.0])
+    record.output_tokens, record.done_s = 9, 2.1
+    assert record.ttft_ms() == pytest.approx(200.0)
+    assert record.tpot_ms() == pytest.approx(100.0)
+    assert record.e2e_ms() == pytest.approx(1100.0)
+    failed = RequestRecord(1, 1.0, sent_s=1.0, delta_s=[1.2], error="HTTP 503")
+    assert failed.ttft_ms() is None and not failed.ok
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == pytest.approx(50.5)
+    assert percentile(values, 95) == pytest.approx(95.05)
+    assert percentile([], 50) is None
+
+
+def test_summary_counts_failures_and_skips_them_in_latencies() -> None:
+    ok = RequestRecord(0, 0.0, sent_s=0.0, delta_s=[0.1, 0.5], done_s=0.6, output_tokens=5)
+    bad = RequestRecord(1, 0.5, sent_s=0.5, error="HTTP 503")
+    summary = summarize("S", "chat", 2.0, [ok, bad], drained=True, wall_s=2.0, cpu_s={})
+    assert (summary.requests, summary.completed, summary.errors) == (2, 1, 1)
+    assert summary.ttft_p50_ms == pytest.approx(100.0)
+    assert summary.tpot_p50_ms == pytest.approx(100.0)
+    assert summary.output_tokens_per_s == pytest.approx(2.5)
+
+
+def test_poisson_arrivals_are_seeded_and_follow_the_rate() -> None:
+    times = arrival_times([Phase(5.0, 200.0)], poisson=True, seed=3)
+    assert times == arrival_times([Phase(5.0, 200.0)], poisson=True, seed=3)
+    assert times != arrival_times([Phase(5.0, 200.0)], poisson=True, seed=4)
+    assert all(b > a for a, b in itertools.pairwise(times))
+    assert abs(len(times) / 200.0 - 5.0) < 0.5  # ~1,000 draws: well within 10 %
+
+
+def test_constant_arrivals_and_a_ramp() -> None:
+    phases = parse_ramp("1:3,0:2,2:1")
+    assert phases == [Phase(1.0, 3.0), Phase(0.0, 2.0), Phase(2.0, 1.0)]
+    assert arrival_times(phases, poisson=False, seed=0) == pytest.approx([1.0, 2.0, 5.5])
+
+
+def test_shapes_fix_lengths_from_the_seed_ranges_scaled() -> None:
+    assert output_range("reasoning", 1.0) == (2048, 8192)
+    assert output_range("chat", 0.25) == (32, 128)
+    tools = make_requests("tools", 20, model="m", length_scale=0.5, seed=1)
+    assert tools == make_requests("tools", 20, model="m", length_scale=0.5, seed=1)
+    for request in tools:
+        assert 32 <= request.output_tokens <= 128
+        assert request.body["max_tokens"] == request.output_tokens
+        assert request.body["ignore_eos"] is True
+        assert request.body["tools"][0]["function"]["name"] == "get_weather"
+    reasoning = make_requests("reasoning", 1, model="m", length_scale=0.1, seed=1)[0]
+    assert reasoning.body["messages"][0]["content"].startswith("think:")
+
+
+def test_table_in_the_seed_format() -> None:
+    cell = {
+        "topology": "S", "shape": "chat", "rps": 2.0, "drained": True, "errors": 0,
+        "ttft_p50_ms": 113.4, "ttft_p95_ms": 156.2, "tpot_p50_ms": 13.81, "tpot_p95_ms": 14.5,
+    }  # fmt: skip
+    assert cell_text(cell) == "113/156 \\| 13.81/14.50"
+    assert cell_text({**cell, "drained": False}) == "did not drain"
+    assert cell_text({**cell, "errors": 2}).endswith("(2 failed)")
+    spec = {"topologies": ["G", "T", "S"], "shapes": ["chat", "tools"], "rps": [2.0]}
+    table = markdown_table(spec, [{**cell, "topology": "T", "drained": False}, cell])
+    lines = table.splitlines()
+    # A topology the run never reached gets no column; a missing cell reads n/a.
+    assert lines[0] == "| shape @ rps | T (inline text) | S (stateful tier) |"
+    assert lines[2] == "| chat @2 | did not drain | 113/156 \\| 13.81/14.50 |"
+    assert lines[3] == "| tools @2 | n/a | n/a |"
