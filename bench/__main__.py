@@ -15,11 +15,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from deployments.topologies import app_config
+
 from .arrivals import parse_ramp
 from .clients import CLIENTS
 from .experiment import GridSpec, run_grid
 from .report import write_report
 from .shapes import SHAPES
+from .topology import CONFIGS
 
 DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "models" / "tiny-chat")
 
@@ -41,9 +44,22 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--rate-scale", type=float, default=1.0)
     run.add_argument("--arrivals", choices=["poisson", "constant"], default="poisson")
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--model", default=DEFAULT_MODEL, help="the served model name")
+    run.add_argument(
+        "--profile",
+        choices=["local", "gpu"],
+        default="local",
+        help="local: configs/<T>.yaml; gpu: configs/gpu.yaml with T's switches",
+    )
+    run.add_argument("--model", default=None, help="the served model (default: the profile's)")
     run.add_argument("--url", default=None, help="use this running graph for every topology")
     run.add_argument("--kv-cache-gib", type=float, default=None)
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a graph arg over each config's, e.g. generate.num_cpus=0.5",
+    )
     run.add_argument("--ramp", default=None, help="phases rps:seconds,... (rates as run)")
     run.add_argument("--out", type=Path, required=True)
     report = sub.add_parser("report", help="rewrite the table and plots of a results dir")
@@ -51,11 +67,20 @@ def parser() -> argparse.ArgumentParser:
     return cli
 
 
+def served_model(profile: str) -> str:
+    """The model a profile serves: configs/gpu.yaml's, or the embedded tiny model."""
+    if profile == "gpu":
+        return str(app_config(CONFIGS / "gpu.yaml")["args"]["model"])
+    return DEFAULT_MODEL
+
+
 def spec_from(args: argparse.Namespace) -> GridSpec:
     topologies, shapes = _list(args.topologies), _list(args.shapes)
     unknown = [t for t in topologies if t not in CLIENTS] + [s for s in shapes if s not in SHAPES]
     if unknown:
         raise SystemExit(f"unknown topology or shape: {', '.join(unknown)}")
+    if bad := [item for item in args.set if "=" not in item]:
+        raise SystemExit(f"--set takes KEY=VALUE, got: {', '.join(bad)}")
     ramp = parse_ramp(args.ramp) if args.ramp else []
     rps = (
         [max(p.rps for p in ramp)]
@@ -73,9 +98,11 @@ def spec_from(args: argparse.Namespace) -> GridSpec:
         rate_scale=args.rate_scale,
         poisson=args.arrivals == "poisson",
         seed=args.seed,
-        model=args.model,
+        model=args.model or served_model(args.profile),
+        profile=args.profile,
         url=args.url,
         kv_cache_gib=args.kv_cache_gib,
+        set_args=dict(item.split("=", 1) for item in args.set),
         ramp=ramp,
     )
 

@@ -39,7 +39,10 @@ async def run_cell(
     *,
     drain_s: float,
     label: str,
+    duration_s: float = 0.0,
 ) -> CellResult:
+    """Issue ``requests`` at ``arrivals``; the cell lasts at least ``duration_s``
+    (a ramp's idle tail is part of it: scale-in happens there)."""
     started_at = time.monotonic()
     clock = monotonic_clock(started_at)
     records = [RequestRecord(r.index, t) for r, t in zip(requests, arrivals, strict=True)]
@@ -63,6 +66,8 @@ async def run_cell(
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
             drained = not pending
+        if (idle := duration_s - clock()) > 0:
+            await asyncio.sleep(idle)
     for record in records:
         if record.done_s is None and record.error is None:
             record.error = NOT_DRAINED

@@ -80,6 +80,8 @@ def carries_output(choice: dict[str, Any]) -> bool:
 
 
 def note_chunk(payload: dict[str, Any], record: RequestRecord, clock: Clock) -> None:
+    if record.first_chunk_s is None:
+        record.first_chunk_s = clock()
     if any(carries_output(c) for c in payload.get("choices") or []):
         record.delta_s.append(clock())
     tokens = usage_tokens(payload)

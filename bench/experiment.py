@@ -43,9 +43,13 @@ class GridSpec:
     poisson: bool
     seed: int
     model: str
+    profile: str = "local"
+    """``local`` or ``gpu``: which configs start each topology (``topology.py``)."""
     url: str | None = None
     """Run every topology's client against this graph instead of starting configs."""
     kv_cache_gib: float | None = None
+    set_args: dict[str, str] = field(default_factory=dict)
+    """Graph args set over each topology's config (``--set key=value``)."""
     ramp: list[Phase] = field(default_factory=list)
     """If set, each cell follows these phases (``rps`` then names the peak)."""
 
@@ -56,7 +60,7 @@ def graph_for(spec: GridSpec, topology: str, out: Path) -> Iterator[tuple[str, s
     if spec.url is not None:
         yield spec.url, "default"
         return
-    overrides = Overrides(kv_cache_gib=spec.kv_cache_gib)
+    overrides = Overrides(spec.profile, spec.kv_cache_gib, spec.set_args)
     with running_topology(topology, out / "serve", overrides) as url:
         yield url, app_name(topology)
 
@@ -84,9 +88,8 @@ async def run_topology(
                 await run_cell(http, client, warmup, [0.0] * len(warmup), drain_s=300,
                                label=f"{topology} {shape} warm-up")  # fmt: skip
                 for rps in spec.rps:
-                    arrivals = arrival_times(
-                        cell_phases(spec, rps), poisson=spec.poisson, seed=spec.seed
-                    )
+                    phases = cell_phases(spec, rps)
+                    arrivals = arrival_times(phases, poisson=spec.poisson, seed=spec.seed)
                     requests = make_requests(
                         shape, len(arrivals), model=spec.model,
                         length_scale=spec.length_scale, seed=spec.seed,
@@ -96,6 +99,7 @@ async def run_topology(
                     result = await run_cell(
                         http, client, requests, arrivals, drain_s=spec.drain_s,
                         label=f"{topology} {shape} @{rps:g} rps",
+                        duration_s=sum(p.seconds for p in phases) if spec.ramp else 0.0,
                     )  # fmt: skip
                     last = observer.now()
                     cpu = cpu_between(first, last, observer.samples)

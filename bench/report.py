@@ -102,7 +102,7 @@ def plot_latency(spec: dict[str, Any], cells: list[dict[str, Any]], path: Path) 
             [("ttft_p50_ms", "TTFT p50 (ms)"), ("tpot_p50_ms", "TPOT p50 (ms)")]
         ):
             ax = axes[row][col]
-            for topology in spec["topologies"]:
+            for number, topology in enumerate(spec["topologies"]):
                 points = sorted(
                     (c["rps"], c[metric])
                     for c in cells
@@ -111,7 +111,8 @@ def plot_latency(spec: dict[str, Any], cells: list[dict[str, Any]], path: Path) 
                 )  # fmt: skip
                 if points:
                     xs, ys = zip(*points, strict=True)
-                    ax.plot(xs, ys, marker="o", label=topology)
+                    # One color per topology in every panel, even where one has no points.
+                    ax.plot(xs, ys, marker="o", label=topology, color=f"C{number}")
             ax.set_title(f"{shape}: {label}")
             ax.set_xlabel("rps")
             ax.set_yscale("log")
@@ -122,8 +123,9 @@ def plot_latency(spec: dict[str, Any], cells: list[dict[str, Any]], path: Path) 
     plt.close(fig)
 
 
-def plot_replicas(timeline: dict[str, Any], path: Path) -> None:
-    """Replica count of each deployment over time, one panel per topology run."""
+def plot_replicas(timeline: dict[str, Any], path: Path, ramp: list[dict[str, float]]) -> None:
+    """Replica count of each deployment over time, one panel per topology run;
+    for a ramp, the offered rate on a second axis."""
     runs = timeline.get("samples", [])
     if not runs:
         return
@@ -139,8 +141,19 @@ def plot_replicas(timeline: dict[str, Any], path: Path) -> None:
                 label=deployment,
             )
         for cell in timeline.get("cells", []):
-            if cell["topology"] == topology:
-                ax.axvspan(cell["start_s"], cell["end_s"], alpha=0.08)
+            if cell["topology"] != topology:
+                continue
+            ax.axvspan(cell["start_s"], cell["end_s"], alpha=0.08)
+            if ramp:
+                edges = [cell["start_s"]]
+                for phase in ramp:
+                    edges.append(edges[-1] + phase["seconds"])
+                rates = [phase["rps"] for phase in ramp]
+                rate_ax = ax.twinx()
+                rate_ax.step(edges, [*rates, rates[-1]], where="post", color="gray",
+                             linestyle="--", label="offered rps")  # fmt: skip
+                rate_ax.set_ylabel("offered rps")
+                rate_ax.legend(loc="upper right", fontsize="small")
         ax.set_title(f"{topology}: replicas per deployment (shaded: cells)")
         ax.set_xlabel("s")
         ax.legend(loc="upper left", fontsize="small")
@@ -160,5 +173,5 @@ def write_report(out: Path) -> str:
     (out / "table.md").write_text(text)
     write_csv(cells, out / "cells.csv")
     plot_latency(spec, cells, out / "latency.png")
-    plot_replicas(timeline, out / "replicas.png")
+    plot_replicas(timeline, out / "replicas.png", spec["ramp"])
     return text

@@ -17,6 +17,8 @@ class RequestRecord:
     delta_s: list[float] = field(default_factory=list)
     """When each chunk carrying output arrived."""
     done_s: float | None = None
+    first_chunk_s: float | None = None
+    """When the first chunk of any kind arrived (vLLM's benchmark times TTFT to it)."""
     output_tokens: int = 0
     error: str | None = None
 
@@ -29,6 +31,11 @@ class RequestRecord:
             return None
         return (self.delta_s[0] - self.sent_s) * 1000
 
+    def first_chunk_ms(self) -> float | None:
+        if not self.ok or self.first_chunk_s is None or self.sent_s is None:
+            return None
+        return (self.first_chunk_s - self.sent_s) * 1000
+
     def tpot_ms(self) -> float | None:
         return tpot_ms(self.delta_s, self.output_tokens) if self.ok else None
 
@@ -38,9 +45,17 @@ class RequestRecord:
         return (self.done_s - self.sent_s) * 1000
 
     def row(self) -> dict[str, Any]:
-        """The JSONL row: raw times plus the derived metrics."""
+        """The JSONL row: raw times (first and last delta only) and the derived metrics."""
         data = asdict(self)
-        data.update(ttft_ms=self.ttft_ms(), tpot_ms=self.tpot_ms(), e2e_ms=self.e2e_ms())
+        deltas = data.pop("delta_s")
+        data.update(
+            first_delta_s=deltas[0] if deltas else None,
+            last_delta_s=deltas[-1] if deltas else None,
+            deltas=len(deltas),
+            ttft_ms=self.ttft_ms(),
+            tpot_ms=self.tpot_ms(),
+            e2e_ms=self.e2e_ms(),
+        )
         return data
 
 

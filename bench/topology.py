@@ -1,20 +1,24 @@
-"""Start a named topology from its ``configs/<name>.yaml``, as a user would.
+"""Start a named topology from ``configs/``, as a user would.
 
-The config runs as written except for what a benchmark host must change: a
-free port, optionally the KV cache size, and optionally the Derender tier's
-autoscaling bounds (the autoscaling ramp).
+Profile ``local`` runs ``configs/<name>.yaml`` (the CPU-local default);
+profile ``gpu`` runs ``configs/gpu.yaml`` with that topology's switches, as
+the k8s overlays do. The config runs as written except for what a benchmark
+host must change: a free port and, optionally, the KV cache size and any
+graph arg (``--set generate.num_cpus=0.5``).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from deployments.config import nest_dotted
+from deployments.topologies import app_config, gpu_topology_app, serve_config
 from tests.support.servers import REPO, VENV_BIN, free_port, running
 
 CONFIGS = REPO / "configs"
@@ -24,29 +28,29 @@ CONFIGS = REPO / "configs"
 class Overrides:
     """What the benchmark changes in a topology's config."""
 
+    profile: str = "local"
+    """``local`` (configs/<topology>.yaml) or ``gpu`` (configs/gpu.yaml + switches)."""
     kv_cache_gib: float | None = None
-    derender_autoscaling: dict[str, Any] | None = None
+    args: dict[str, str] = field(default_factory=dict)
+    """Graph args over the config's, dotted keys nesting (``generate.num_cpus``)."""
 
 
 def topology_config(name: str, port: int, overrides: Overrides) -> dict[str, Any]:
-    config: dict[str, Any] = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
+    if overrides.profile == "gpu":
+        config = serve_config(CONFIGS / "gpu.yaml")
+        config["applications"] = [gpu_topology_app(CONFIGS, name)]
+    else:
+        config = serve_config(CONFIGS / f"{name}.yaml")
     config["http_options"]["port"] = port
-    args = config["applications"][0]["args"]
+    app = config["applications"][0]
+    app["args"] = nest_dotted({**app["args"], **overrides.args})
     if overrides.kv_cache_gib is not None:
-        args["kv_cache_gib"] = overrides.kv_cache_gib
-    if overrides.derender_autoscaling is not None:
-        derender = args.setdefault("derender", {})
-        derender.pop("num_replicas", None)
-        derender["autoscaling"] = {
-            **derender.get("autoscaling", {}),
-            **overrides.derender_autoscaling,
-        }
+        app["args"]["kv_cache_gib"] = overrides.kv_cache_gib
     return config
 
 
 def app_name(name: str) -> str:
-    config = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
-    return str(config["applications"][0]["name"])
+    return str(app_config(CONFIGS / f"{name}.yaml")["name"])
 
 
 @contextlib.contextmanager

@@ -124,6 +124,10 @@ class GraphConfig(_Strict):
         "events already waiting.",
     )
     enforce_eager: bool = Field(False, description="Disable graph capture/compilation.")
+    logits_processors: list[str] = Field(
+        default_factory=list,
+        description="vLLM --logits-processors: `module:Class` names the engine loads.",
+    )
     tokens_only: bool = Field(
         False,
         description="Generate loads no tokenizer (vLLM --tokens-only); text mode answers 400.",

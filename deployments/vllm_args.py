@@ -38,6 +38,8 @@ def serve_cli(config: GraphConfig, *, role: str) -> list[str]:
             argv += ["--max-num-seqs", str(config.max_num_seqs)]
         if config.enforce_eager:
             argv += ["--enforce-eager"]
+        if config.logits_processors:
+            argv += ["--logits-processors", *config.logits_processors]
         if config.tokens_only:
             argv += ["--tokens-only"]
     return argv

@@ -18,11 +18,11 @@ from typing import Any
 
 import yaml
 
+from deployments.topologies import TOPOLOGIES, app_config, gpu_topology_app
+
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"
 K8S = REPO / "k8s"
-TOPOLOGIES = ["G", "T", "B", "BP", "S", "I"]
-SWITCHES = ("tokens_only", "text_placement", "reasoning_parser", "tool_call_parser")
 IMAGE = "scaleout-serve:0.1.0-gpu"
 NAME = "scaleout-serve"
 MODEL_CACHE = {"name": "model-cache", "mountPath": "/models"}
@@ -35,22 +35,8 @@ ENV = [
 ]
 
 
-def app_config(path: Path) -> dict[str, Any]:
-    data = yaml.safe_load(path.read_text())
-    return dict(data["applications"][0])
-
-
 def serve_config_v2(app: dict[str, Any]) -> str:
     return yaml.safe_dump({"applications": [app]}, sort_keys=False)
-
-
-def topology_app(topology: str) -> dict[str, Any]:
-    """The GPU profile with the topology's switches."""
-    gpu = app_config(CONFIGS / "gpu.yaml")
-    local_args = app_config(CONFIGS / f"{topology}.yaml")["args"]
-    args = {k: v for k, v in gpu["args"].items() if k not in SWITCHES}
-    args.update({k: local_args[k] for k in SWITCHES if k in local_args})
-    return {**gpu, "args": args}
 
 
 def container(name: str, resources: dict[str, Any], ports: list[dict[str, Any]]) -> dict[str, Any]:
@@ -146,7 +132,7 @@ def overlay(topology: str) -> dict[str, str]:
         {
             "op": "replace",
             "path": "/spec/serveConfigV2",
-            "value": serve_config_v2(topology_app(topology)),
+            "value": serve_config_v2(gpu_topology_app(CONFIGS, topology)),
         }
     ]
     kustomization = {

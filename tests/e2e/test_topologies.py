@@ -1,7 +1,8 @@
 """Every topology in configs/ starts with `serve run` and serves one request its way.
 
-Each config runs as written but on a free port (and a smaller KV cache), one
-after another: G tokens, T text, B/BP per-chunk stateless derender, S/I chat.
+Each config runs as written but on a free port (and a smaller KV cache), as
+the benchmark starts it (``bench.topology``), one after another: G tokens,
+T text, B/BP per-chunk stateless derender, S/I chat.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
-from tests.support.servers import REPO, TINY_MODEL, VENV_BIN, free_port, running
+from bench.topology import Overrides, running_topology
+from tests.support.servers import TINY_MODEL
 
 MODEL = str(TINY_MODEL)
 HI = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
@@ -99,19 +100,8 @@ CHECKS: dict[str, Callable[[httpx.Client], None]] = {
 
 @pytest.mark.parametrize("topology", list(CHECKS))
 def test_topology_serves(topology: str, tmp_path: Path) -> None:
-    config = yaml.safe_load((REPO / "configs" / f"{topology}.yaml").read_text())
-    port = free_port()
-    config["http_options"]["port"] = port
-    config["applications"][0]["args"]["kv_cache_gib"] = 1
-    path = tmp_path / f"{topology}.yaml"
-    path.write_text(yaml.safe_dump(config))
     with (
-        running(
-            [str(VENV_BIN / "serve"), "run", str(path)],
-            port=port,
-            log_path=tmp_path / "serve.log",
-            env={"RAY_USAGE_STATS_ENABLED": "0"},
-        ) as server,
-        httpx.Client(base_url=server.base_url, timeout=120) as client,
+        running_topology(topology, tmp_path, Overrides(kv_cache_gib=1)) as url,
+        httpx.Client(base_url=url, timeout=120) as client,
     ):
         CHECKS[topology](client)

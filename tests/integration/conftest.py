@@ -30,6 +30,8 @@ GRAPH_ARGS = {
     # The tiny engine streams ~2,000 tokens/s per request; on 2 cores the one
     # HTTP proxy falls behind four such streams at the 10 ms default.
     "stream_coalesce_ms": 50,
+    # Lets a test pace its own requests' decode steps (tests/support/paced_decode.py).
+    "logits_processors": ["tests.support.paced_decode:PacedDecode"],
     # Two apps share this 2-core host; logical CPUs only steer scheduling.
     "ingress": {"num_cpus": 0.05},
     "generate": {"num_cpus": 0.3},

@@ -8,27 +8,21 @@ import time
 import httpx
 import pytest
 
-from tests.integration.test_failure_semantics import (
-    LONG,
-    long_body,
-    running_requests,
-    wait_idle,
-)
+from tests.integration.test_failure_semantics import long_body, running_requests, wait_idle
 from tests.support.sse_reader import Stream, start_together
 
 ABORTED_STREAM_ENDS_WITHIN_S = 1.0
-
-# Not in the default run (issue 4 stays open): on this 2-core host three
-# full-speed streams (the tiny engine makes ~2,000 tokens/s each) keep Serve's
-# one HTTP proxy behind, so the abort request itself sometimes reaches the
-# engines after they finished (held < 2), and an aborted stream's last chunk
-# waits behind the other streams' data (0.1-3.8 s measured).
-pytestmark = pytest.mark.host_bound
+# Paced streams (tests/support/paced_decode.py): at full speed the tiny engine
+# makes ~2,000 tokens/s per stream, so three of them finish before an abort can
+# reach them and flood Serve's one HTTP proxy on this 2-core host. Paced, each
+# stream lasts seconds (TOKENS × PACE_MS) and costs next to nothing.
+TOKENS = 1000
+PACE_MS = 5
 
 
 @pytest.mark.parametrize("kind", ["tokens", "text", "derender", "inline", "tier"])
 def test_abort_by_id_ends_streams_and_frees_engines(client: httpx.Client, kind: str) -> None:
-    path, body, headers = long_body(kind, client)
+    path, body, headers = long_body(kind, client, tokens=TOKENS, pace_ms=PACE_MS)
     # Each rendered request gets its own id, as three separate clients' would.
     bodies = [
         {**body, "request_id": f"{body['request_id']}-{i}"} if "request_id" in body else body
@@ -57,6 +51,6 @@ def test_abort_by_id_ends_streams_and_frees_engines(client: httpx.Client, kind: 
         assert s.ended_at - aborted_at < ABORTED_STREAM_ENDS_WITHIN_S
     for s in kept:
         assert s.finish_reasons() == ["length"]
-        assert s.token_count() == LONG
+        assert s.token_count() == TOKENS
     assert len(running_requests(client)) == 2  # both Generate replicas report
     wait_idle(client, within_s=1.0)

@@ -41,16 +41,24 @@ def wait_idle(client: httpx.Client, within_s: float, prefix: str = "") -> float:
         time.sleep(0.05)
 
 
-def long_body(kind: str, client: httpx.Client) -> tuple[str, dict[str, Any], dict[str, str]]:
-    """(path, body, headers) of a long streamed request of one kind."""
-    chat = {
+def long_body(
+    kind: str, client: httpx.Client, tokens: int = LONG, pace_ms: float | None = None
+) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """(path, body, headers) of a long streamed request of one kind.
+
+    ``pace_ms`` holds each engine step of the request that long
+    (``tests/support/paced_decode.py``): long in time, light in load.
+    """
+    chat: dict[str, Any] = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "think: what is 2 plus 3?"}],
-        "max_tokens": LONG,
+        "max_tokens": tokens,
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if pace_ms is not None:
+        chat["vllm_xargs"] = {"pace_ms": pace_ms}
     if kind in ("inline", "tier"):
         return "/v1/chat/completions", chat, {"X-Text-Placement": kind}
     request = rendered(client, {k: v for k, v in chat.items() if k != "stream_options"})

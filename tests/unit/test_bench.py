@@ -10,6 +10,8 @@ from bench.arrivals import Phase, arrival_times, parse_ramp
 from bench.report import cell_text, markdown_table
 from bench.shapes import make_requests, output_range
 from bench.stats import RequestRecord, percentile, summarize, tpot_ms
+from bench.topology import Overrides, topology_config
+from deployments.config import GraphConfig
 
 
 def test_tpot_is_last_minus_first_delta_over_tokens_minus_one() -> None:
@@ -91,3 +93,23 @@ def test_table_in_the_seed_format() -> None:
     assert lines[0] == "| shape @ rps | T (inline text) | S (stateful tier) |"
     assert lines[2] == "| chat @2 | did not drain | 113/156 \\| 13.81/14.50 |"
     assert lines[3] == "| tools @2 | n/a | n/a |"
+
+
+@pytest.mark.parametrize("topology", ["G", "BP", "S"])
+def test_gpu_profile_is_the_gpu_config_with_the_topology_switches(topology: str) -> None:
+    local = topology_config(topology, 1234, Overrides())["applications"][0]["args"]
+    config = topology_config(topology, 1234, Overrides(profile="gpu", kv_cache_gib=4))
+    args = config["applications"][0]["args"]
+    assert config["http_options"]["port"] == 1234
+    assert args["model"] == "Qwen/Qwen3-8B" and args["num_gpus"] == 1
+    for switch in ("tokens_only", "text_placement", "reasoning_parser", "tool_call_parser"):
+        assert args.get(switch) == local.get(switch), switch
+    assert GraphConfig.from_args(args).kv_cache_gib == 4
+
+
+def test_set_args_nest_over_the_config() -> None:
+    config = topology_config("S", 1234, Overrides(args={"derender.num_cpus": "0.2"}))
+    derender = config["applications"][0]["args"]["derender"]
+    assert derender["num_cpus"] == "0.2"
+    assert derender["autoscaling"]["max_replicas"] == 3  # the config's own, kept
+    assert GraphConfig.from_args(config["applications"][0]["args"]).derender.num_cpus == 0.2

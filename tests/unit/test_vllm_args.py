@@ -35,3 +35,11 @@ def test_namespace_folds_reasoning_parser_into_structured_outputs() -> None:
     assert args.structured_outputs_config.reasoning_parser == "qwen3"
     assert args.enable_scale_out is True
     assert args.served_model_name == [args.model]
+
+
+def test_logits_processors_reach_the_engine_only() -> None:
+    names = ["tests.support.paced_decode:PacedDecode", "pkg.mod:Other"]
+    config = GraphConfig.from_args({"logits_processors": names})
+    args = serve_namespace(config, role="generate")
+    assert args.logits_processors == names
+    assert "--logits-processors" not in serve_cli(config, role="render")
