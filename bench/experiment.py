@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import platform
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -129,7 +131,8 @@ def run_grid(spec: GridSpec, out: Path) -> list[CellSummary]:
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("requests.jsonl", "timeline.json", "cells.json"):
         (out / stale).unlink(missing_ok=True)
-    (out / "spec.json").write_text(json.dumps(asdict(spec), indent=2) + "\n")
+    host = {"machine": platform.machine(), "cpus": os.cpu_count(), "system": platform.system()}
+    (out / "spec.json").write_text(json.dumps({**asdict(spec), "host": host}, indent=2) + "\n")
     summaries: list[CellSummary] = []
     for topology in spec.topologies:
         with graph_for(spec, topology, out) as (url, app):
