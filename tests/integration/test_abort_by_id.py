@@ -17,7 +17,7 @@ ABORTED_STREAM_ENDS_WITHIN_S = 1.0
 # reach them and flood Serve's one HTTP proxy on this 2-core host. Paced, each
 # stream lasts seconds (TOKENS × PACE_MS) and costs next to nothing.
 TOKENS = 1000
-PACE_MS = 5
+PACE_MS = 8
 
 
 @pytest.mark.parametrize("kind", ["tokens", "text", "derender", "inline", "tier"])
@@ -30,9 +30,11 @@ def test_abort_by_id_ends_streams_and_frees_engines(client: httpx.Client, kind: 
     ]
     streams = [Stream(str(client.base_url), path, b, headers) for b in bodies]
     start_together(streams)
-    for s in streams:
-        assert s.wait_first(60) and s.error is None, s.error
     doomed, kept = streams[:2], streams[2:]
+    # Only the doomed must be running when the abort goes out; a loaded host
+    # may start the kept one seconds later (seen in CI), and it need not wait.
+    for s in doomed:
+        assert s.wait_first(60) and s.error is None, s.error
     response = client.post(
         "/inference/v1/abort_requests", json={"request_ids": [s.stream_id for s in doomed]}
     )
