@@ -172,7 +172,7 @@ async def issue(
         await client(http, request, record, clock)
     except RequestFailed as exc:
         record.error = str(exc)
-    except httpx.HTTPError as exc:
+    except Exception as exc:  # transport errors, malformed answers: the request failed
         record.error = f"{type(exc).__name__}: {exc}"
     else:
         record.done_s = clock()
