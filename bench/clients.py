@@ -58,6 +58,8 @@ async def render(http: httpx.AsyncClient, request: BenchRequest) -> dict[str, An
     if response.status_code != 200:
         raise RequestFailed(f"render HTTP {response.status_code}: {response.text[:200]}")
     rendered: dict[str, Any] = response.json()
+    # parse_context is for output_mode "derender"; these clients stream tokens or text.
+    rendered.pop("parse_context", None)
     return rendered
 
 
@@ -94,7 +96,6 @@ def generate_client(output_mode: str) -> Client:
         http: httpx.AsyncClient, request: BenchRequest, record: RequestRecord, clock: Clock
     ) -> None:
         rendered = await render(http, request)
-        rendered.pop("parse_context", None)
         body = {**rendered, "stream": True, "stream_options": USAGE, "output_mode": output_mode}
         async with http.stream("POST", "/inference/v1/generate", json=body) as response:
             async for payload in sse_payloads(response):
@@ -108,7 +109,6 @@ async def per_chunk_derender(
 ) -> None:
     """vLLM's way: the client threads ``stream_state`` through one call per chunk."""
     rendered = await render(http, request)
-    rendered.pop("parse_context", None)
     body = {**rendered, "stream": True, "stream_options": USAGE}
     state = None
     async with http.stream("POST", "/inference/v1/generate", json=body) as response:
