@@ -16,6 +16,7 @@ import httpx
 from tqdm import tqdm
 
 from .clients import Client, issue, monotonic_clock
+from .metrics import running_requests
 from .shapes import BenchRequest
 from .stats import RequestRecord
 
@@ -78,13 +79,8 @@ async def wait_engines_idle(http: httpx.AsyncClient, timeout_s: float = 120) -> 
     """Until every engine reports 0 running requests (the graph's /metrics)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        response = await http.get("/metrics")
-        running = [
-            float(line.rsplit(" ", 1)[1])
-            for line in response.text.splitlines()
-            if line.startswith("vllm:num_requests_running{")
-        ]
-        if running and not any(running):
+        running = running_requests((await http.get("/metrics")).text)
+        if running and not any(running.values()):
             return True
         await asyncio.sleep(0.5)
     return False

@@ -17,6 +17,8 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from .protocol import EngineState
+
 BROADCAST_TIMEOUT_S = 10.0
 
 
@@ -45,12 +47,12 @@ class AbortFanout:
         )
         return {"generate": sum(_ints(aborted)), "derender": sum(_ints(held))}
 
-    async def engine_states(self) -> list[dict[str, Any]]:
-        """Every Generate replica's engine state (running requests)."""
+    async def engine_states(self) -> list[EngineState]:
+        """Every Generate replica's engine state (``/metrics``)."""
         states = await self._generate.broadcast("engine_state").results_async(
             timeout_s=BROADCAST_TIMEOUT_S, return_exceptions=True
         )
-        return [s for s in states if isinstance(s, dict)]
+        return [s for s in states if isinstance(s, EngineState)]
 
     async def ready(self) -> bool:
         return True

@@ -12,6 +12,7 @@ Derender tier, next to the engine.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -28,11 +29,13 @@ from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
 from .coalesce import coalesce_events
 from .config import GraphConfig
-from .protocol import TextJob, served_by
+from .engine_metrics import local_vllm_metrics
+from .protocol import EngineState, TextJob, served_by
 from .text_output import TextOutput, tokens_request
 from .vllm_args import serve_namespace
 
-EngineFactory = Callable[[GraphConfig], Awaitable[Any]]
+# Takes the namespace `vllm serve` would parse (vllm_args.serve_namespace).
+EngineFactory = Callable[[argparse.Namespace], Awaitable[Any]]
 # ServingTokens names the engine request "generate-tokens-<request_id>".
 GENERATE_PREFIX = "generate-tokens-"
 
@@ -42,13 +45,12 @@ def engine_request_id(request_id: str) -> str:
     return request_id if request_id.startswith(GENERATE_PREFIX) else GENERATE_PREFIX + request_id
 
 
-async def start_vllm_engine(config: GraphConfig) -> Any:
+async def start_vllm_engine(args: argparse.Namespace) -> Any:
     """Start an in-process ``AsyncLLM`` as ``vllm serve`` does."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    args = serve_namespace(config, role="generate")
     engine_args = AsyncEngineArgs.from_cli_args(args)
     vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     return AsyncLLM.from_vllm_config(
@@ -88,8 +90,8 @@ class Generate:
         # The engine's output handler and ZMQ sockets live on this loop; calls
         # that Serve runs elsewhere (broadcasts) must hop onto it.
         self._loop = asyncio.get_running_loop()
-        self._engine = await engine_factory(config)
         args = serve_namespace(config, role="generate")
+        self._engine = await engine_factory(args)
         state = State()
         await init_app_state(self._engine, state, args, await self._engine.get_supported_tasks())
         self._state = state
@@ -164,12 +166,13 @@ class Generate:
             return await coro
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
 
-    async def engine_state(self) -> dict[str, Any]:
-        """What this replica's engine is running, for /metrics and tests."""
-        return {
-            "replica": serve.get_replica_context().replica_id.unique_id,
-            "num_requests_running": self._engine.get_num_unfinished_requests(),
-        }
+    async def engine_state(self) -> EngineState:
+        """This replica's engine for ``/metrics``: what it holds now, and vLLM's metrics."""
+        return EngineState(
+            replica=serve.get_replica_context().replica_id.unique_id,
+            unfinished_requests=self._engine.get_num_unfinished_requests(),
+            vllm_metrics=local_vllm_metrics(),
+        )
 
     async def ready(self) -> bool:
         """The ingress's readiness probe: answers once __init__ has finished."""

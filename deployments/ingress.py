@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import TypeAdapter
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, TypeAdapter
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -24,8 +25,11 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
     GenerateRequest,
 )
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+from vllm.entrypoints.serve.tokenize.protocol import DetokenizeRequest, TokenizeRequest
+from vllm.version import __version__ as VLLM_VERSION
 
 from .config import GraphConfig
+from .engine_metrics import exposition
 from .errors import bad_request, install_exception_handlers, not_found, to_http
 from .guard import GuardSettings, install_guard
 from .http_io import call, parse_body, read_json, respond, validate
@@ -35,6 +39,7 @@ HEALTH_TIMEOUT_S = 5.0
 PLACEMENT_HEADER = "X-Text-Placement"
 _DERENDER_CHAT = TypeAdapter(DerenderChatRequestUnion)
 _DERENDER_COMPLETION = TypeAdapter(DerenderCompletionRequestUnion)
+_TOKENIZE = TypeAdapter(TokenizeRequest)
 
 app = FastAPI(title="scaleout-serve")
 install_exception_handlers(app)
@@ -60,6 +65,21 @@ def rendered_json(rendered: GenerateRequest) -> dict[str, Any]:
     if rendered.sampling_params.max_tokens is not None:
         data["sampling_params"]["max_tokens"] = rendered.sampling_params.max_tokens
     return data
+
+
+def _json(result: BaseModel | ErrorResponse) -> Response:
+    """A unary tier's answer: the model as JSON, or the error value as HTTP."""
+    return (
+        to_http(result) if isinstance(result, ErrorResponse) else JSONResponse(result.model_dump())
+    )
+
+
+async def _unary(raw: Request, schema: Any, method: DeploymentHandle) -> Response:
+    """Body validated as ``schema`` (a model or TypeAdapter) → one tier call → HTTP."""
+    request = validate(await read_json(raw), schema)
+    if isinstance(request, ErrorResponse):
+        return to_http(request)
+    return _json(await call(method.remote(request)))
 
 
 def _with_header_id(request: RequestT, raw: Request) -> RequestT:
@@ -115,21 +135,18 @@ class Ingress:
             return Response(status_code=503)
         return Response(status_code=200)
 
+    @app.get("/version")
+    async def version(self) -> JSONResponse:
+        """The vLLM version serving the graph, as vLLM's server answers it."""
+        return JSONResponse({"version": VLLM_VERSION})
+
     @app.get("/metrics")
     async def metrics(self) -> Response:
-        """Each engine's running requests, in Prometheus text (vLLM's gauge name)."""
+        """Every engine's vLLM metrics, labelled by replica (``engine_metrics``)."""
         states = await call(self._control.engine_states.remote())
         if isinstance(states, ErrorResponse):
             return to_http(states)
-        lines = [
-            "# HELP vllm:num_requests_running Requests the engine is running or has queued.",
-            "# TYPE vllm:num_requests_running gauge",
-        ]
-        lines += [
-            f'vllm:num_requests_running{{replica="{s["replica"]}"}} {s["num_requests_running"]}'
-            for s in states
-        ]
-        return PlainTextResponse("\n".join(lines) + "\n")
+        return PlainTextResponse(exposition(states), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/inference/v1/abort_requests")
     async def abort_requests(self, raw: Request) -> Response:
@@ -159,11 +176,8 @@ class Ingress:
         return JSONResponse({"held": result})
 
     @app.get("/v1/models")
-    async def models(self) -> JSONResponse:
-        listing = await call(self._render.models.remote())
-        if isinstance(listing, ErrorResponse):
-            return to_http(listing)
-        return JSONResponse(listing.model_dump())
+    async def models(self) -> Response:
+        return _json(await call(self._render.models.remote()))
 
     @app.post("/v1/chat/completions/render")
     async def render_chat(self, raw: Request) -> Response:
@@ -187,6 +201,16 @@ class Ingress:
         if isinstance(rendered, ErrorResponse):
             return to_http(rendered)
         return JSONResponse([rendered_json(item) for item in rendered])
+
+    @app.post("/tokenize")
+    async def tokenize(self, raw: Request) -> Response:
+        """vLLM's ``/tokenize`` (``prompt`` or ``messages``), on the Render tier."""
+        return await _unary(raw, _TOKENIZE, self._render.tokenize)
+
+    @app.post("/detokenize")
+    async def detokenize(self, raw: Request) -> Response:
+        """vLLM's ``/detokenize``, on the Render tier."""
+        return await _unary(raw, DetokenizeRequest, self._render.detokenize)
 
     @app.post("/inference/v1/generate")
     async def generate(self, raw: Request) -> Response:
@@ -230,27 +254,11 @@ class Ingress:
 
     @app.post("/v1/chat/completions/derender")
     async def derender_chat(self, raw: Request) -> Response:
-        request = validate(await read_json(raw), _DERENDER_CHAT)
-        if isinstance(request, ErrorResponse):
-            return to_http(request)
-        result = await call(self._derender_unary.derender_chat.remote(request))
-        return (
-            to_http(result)
-            if isinstance(result, ErrorResponse)
-            else JSONResponse(result.model_dump())
-        )
+        return await _unary(raw, _DERENDER_CHAT, self._derender_unary.derender_chat)
 
     @app.post("/v1/completions/derender")
     async def derender_completion(self, raw: Request) -> Response:
-        request = validate(await read_json(raw), _DERENDER_COMPLETION)
-        if isinstance(request, ErrorResponse):
-            return to_http(request)
-        result = await call(self._derender_unary.derender_completion.remote(request))
-        return (
-            to_http(result)
-            if isinstance(result, ErrorResponse)
-            else JSONResponse(result.model_dump())
-        )
+        return await _unary(raw, _DERENDER_COMPLETION, self._derender_unary.derender_completion)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, raw: Request) -> Response:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from prometheus_client.metrics_core import Metric
 from pydantic import BaseModel, ConfigDict
 from vllm.entrypoints.generate.base.protocol import DeltaMessage
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest, ChatMessage
@@ -124,3 +125,16 @@ class GenerateDerenderStreamResponse(_DerenderEnvelope):
 
     object: Literal["generate.derender.chunk"] = "generate.derender.chunk"
     choices: list[DerenderStreamChoice]
+
+
+class EngineState(BaseModel):
+    """What one Generate replica's engine reports to ``/metrics``."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    replica: str
+    """The Serve replica id; ``/metrics`` labels this engine's series with it."""
+    unfinished_requests: int
+    """Requests the engine holds right now, running or queued (not as of its last step)."""
+    vllm_metrics: list[Metric]
+    """The engine's own vLLM metric families (its Prometheus stat logger)."""

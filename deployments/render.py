@@ -1,6 +1,6 @@
 """Render deployment: chat template + tokenization on CPU, no engine.
 
-A thin router over vLLM's ``ServingRender``, built by vLLM's own
+A thin router over vLLM's ``ServingRender`` (and its ``ServingTokenization``), built by vLLM's own
 ``init_render_app_state`` as ``vllm launch render`` builds it, so a request
 renders to the same ``GenerateRequest`` here as there.
 """
@@ -16,6 +16,12 @@ from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateRequest
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse, ModelList
 from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+from vllm.entrypoints.serve.tokenize.protocol import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 
 from .config import GraphConfig
 from .vllm_args import serve_namespace
@@ -50,7 +56,8 @@ async def build_render_state(config: GraphConfig) -> State:
     max_ongoing_requests=64,
 )
 class Render:
-    """Chat/completion request → ``GenerateRequest`` (errors come back as values)."""
+    """Chat/completion request → ``GenerateRequest``, and vLLM's tokenize/detokenize
+    (errors come back as values)."""
 
     async def __init__(self, config: GraphConfig) -> None:  # type: ignore[misc]
         self._state = await build_render_state(config)
@@ -66,6 +73,21 @@ class Render:
     ) -> list[GenerateRequest] | ErrorResponse:
         try:
             return await self._state.serving_render.render_completion_request(request)
+        except Exception as exc:
+            return create_error_response(exc)
+
+    async def tokenize(self, request: TokenizeRequest) -> TokenizeResponse | ErrorResponse:
+        """vLLM's ``/tokenize``: a prompt, or chat messages through the template."""
+        try:
+            # vLLM reads only X-Request-Id from the HTTP request, for its logs.
+            return await self._state.serving_tokenization.create_tokenize(request, None)
+        except Exception as exc:
+            return create_error_response(exc)
+
+    async def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse | ErrorResponse:
+        """vLLM's ``/detokenize``."""
+        try:
+            return await self._state.serving_tokenization.create_detokenize(request, None)
         except Exception as exc:
             return create_error_response(exc)
 

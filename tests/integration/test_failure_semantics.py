@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.metrics import running_requests as parse_running_requests
 from tests.integration.conftest import API_KEY, AUTH, MODEL, TOKENS_ONLY_PREFIX
 from tests.integration.test_skeleton import rendered, sse_payloads
 from tests.support.sse_reader import Stream
@@ -20,13 +21,7 @@ LONG = 4000  # tokens: streams that are still running when the test acts on them
 
 
 def running_requests(client: httpx.Client, prefix: str = "") -> dict[str, int]:
-    text = client.get(f"{prefix}/metrics").text
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("vllm:num_requests_running{"):
-            labels, value = line.rsplit(" ", 1)
-            out[labels] = int(float(value))
-    return out
+    return parse_running_requests(client.get(f"{prefix}/metrics").text)
 
 
 def wait_idle(client: httpx.Client, within_s: float, prefix: str = "") -> float:
@@ -238,6 +233,11 @@ BAD_INPUTS: list[tuple[str, str, Any, int]] = [
     ("/inference/v1/abort_requests", "missing request_ids", {}, 400),
     ("/inference/v1/abort_requests", "not json", "{", 400),
     ("/inference/v1/abort_requests", "ids not strings", {"request_ids": [1]}, 400),
+    ("/tokenize", "not json", "{", 400),
+    ("/tokenize", "neither prompt nor messages", {"model": MODEL}, 400),
+    ("/tokenize", "unknown model", {"model": "nope", "prompt": "x"}, 404),
+    ("/detokenize", "tokens strings", {"model": MODEL, "tokens": ["a"]}, 400),
+    ("/detokenize", "no tokens", {"model": MODEL}, 400),
 ]  # fmt: skip
 
 

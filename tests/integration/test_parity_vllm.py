@@ -196,3 +196,52 @@ def test_multi_token_chunks_assemble_the_same(vllm_server: Server, client: httpx
         with httpx.Client(base_url=f"{client.base_url}{TOKENS_ONLY_PREFIX}", timeout=120) as c:
             got = streamed(c, SHAPES[shape], {**AUTH, "X-Text-Placement": "tier"})
         assert got == want, shape
+
+
+TOKENIZE_BODIES = {
+    "prompt": {"model": MODEL, "prompt": "The capital of France", "return_token_strs": True},
+    "chat": {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": [WEATHER_TOOL],
+        "add_generation_prompt": True,
+    },
+    "chat-no-thinking": {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hello"}],
+        "chat_template_kwargs": {"enable_thinking": False},
+        "add_generation_prompt": True,
+        "return_token_strs": True,
+    },
+}
+
+
+@pytest.mark.parametrize("name", list(TOKENIZE_BODIES))
+def test_tokenize_and_detokenize_as_vllm(
+    vllm_server: Server, client: httpx.Client, name: str
+) -> None:
+    """/tokenize and /detokenize (on the Render tier) answer what vLLM's server does."""
+    body = {
+        k: v for k, v in TOKENIZE_BODIES[name].items() if k not in ("temperature", "max_tokens")
+    }
+    with httpx.Client(base_url=vllm_server.base_url, timeout=120) as reference:
+        want = reference.post("/tokenize", json=body)
+        assert want.status_code == 200, want.text
+        got = client.post("/tokenize", json=body)
+        assert got.status_code == 200, got.text
+        assert got.json() == want.json()
+        assert got.json()["count"] == len(got.json()["tokens"]) > 0
+        back = {"model": MODEL, "tokens": got.json()["tokens"]}
+        want_text = reference.post("/detokenize", json=back)
+        got_text = client.post("/detokenize", json=back)
+        assert got_text.status_code == 200, got_text.text
+        assert got_text.json() == want_text.json()
+    if name == "prompt":
+        assert got_text.json()["prompt"] == body["prompt"]
+
+
+def test_version_as_vllm(vllm_server: Server, client: httpx.Client) -> None:
+    with httpx.Client(base_url=vllm_server.base_url, timeout=120) as reference:
+        want = reference.get("/version").json()
+    assert client.get("/version").json() == want
+    assert want["version"].startswith("0.32")

@@ -7,11 +7,14 @@ import itertools
 import pytest
 
 from bench.arrivals import Phase, arrival_times, parse_ramp
+from bench.clients import CLIENTS
+from bench.metrics import running_requests
 from bench.report import cell_text, markdown_table
 from bench.shapes import make_requests, output_range
 from bench.stats import RequestRecord, percentile, summarize, tpot_ms
 from bench.topology import Overrides, topology_config
 from deployments.config import GraphConfig
+from deployments.topologies import TOPOLOGIES
 
 
 def test_tpot_is_last_minus_first_delta_over_tokens_minus_one() -> None:
@@ -113,3 +116,18 @@ def test_set_args_nest_over_the_config() -> None:
     assert derender["num_cpus"] == "0.2"
     assert derender["autoscaling"]["max_replicas"] == 3  # the config's own, kept
     assert GraphConfig.from_args(config["applications"][0]["args"]).derender.num_cpus == 0.2
+
+
+def test_running_requests_reads_the_gauge_per_replica() -> None:
+    text = (
+        "# TYPE scaleout_engine_unfinished_requests gauge\n"
+        'scaleout_engine_unfinished_requests{replica="a1"} 2.0\n'
+        'scaleout_engine_unfinished_requests{replica="b2"} 0.0\n'
+        'vllm:num_requests_running{engine="0",model_name="m",replica="a1"} 1.0\n'
+    )
+    assert running_requests(text) == {"a1": 2, "b2": 0}
+    assert running_requests("# TYPE scaleout_engine_unfinished_requests gauge\n") == {}
+
+
+def test_every_topology_has_a_bench_client() -> None:
+    assert list(CLIENTS) == list(TOPOLOGIES)

@@ -12,10 +12,10 @@ from pydantic import BaseModel
 from ray.serve.schema import ServeDeploySchema
 
 from deployments.config import GraphConfig
+from deployments.topologies import TOPOLOGIES
 from tests.support.servers import REPO
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
-TOPOLOGIES = {"G", "T", "B", "BP", "S", "I"}
 
 
 def model_in(annotation: Any) -> type[BaseModel] | None:
@@ -49,7 +49,7 @@ def unknown_keys(data: Any, model: type[BaseModel], where: str = "") -> list[str
 
 
 def test_every_topology_has_a_config() -> None:
-    assert {p.stem for p in CONFIGS} >= TOPOLOGIES | {"local", "gpu"}
+    assert {p.stem for p in CONFIGS} >= set(TOPOLOGIES) | {"local", "gpu"}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])

@@ -1,9 +1,13 @@
-"""The curl trace clock the streaming tests read their deadlines from."""
+"""The clocks the streaming tests read their deadlines from: curl's trace and Serve's log."""
 
 from __future__ import annotations
 
+import datetime
+from pathlib import Path
+
 import pytest
 
+from tests.support.serve_log import ingress_finished_at
 from tests.support.sse_reader import TRACE_TIME, transfer_end
 
 
@@ -36,3 +40,17 @@ def test_trace_time_finds_each_stamped_line() -> None:
         "175413.101200",
         "175414.900000",
     ]
+
+
+def test_ingress_access_line_gives_the_graphs_end_of_a_request(tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    log.write_text(
+        "\x1b[36m(ServeReplica:default:Generate pid=1)\x1b[0m INFO 2026-11-29 18:21:12,910 "
+        "default_Generate k9 1048ea1b -- CALL generate OK 496.2ms\n"
+        "\x1b[36m(ServeReplica:default:Ingress pid=2)\x1b[0m INFO 2026-11-29 18:21:12,913 "
+        "default_Ingress ty 1048ea1b -- POST /inference/v1/generate 200 511.4ms\n"
+    )
+    at = datetime.datetime(2026, 11, 29, 18, 21, 12, 913000).timestamp()
+    assert ingress_finished_at(log, "1048ea1b") == pytest.approx(at)
+    assert ingress_finished_at(log, "other", timeout_s=0) is None
+    assert ingress_finished_at(tmp_path / "none.log", "1048ea1b") is None

@@ -1,0 +1,20 @@
+"""Reading the graph's ``/metrics``: what each engine holds."""
+
+from __future__ import annotations
+
+import re
+
+# One line per Generate replica (deployments/engine_metrics.py): the requests
+# its engine holds now, running or queued.
+UNFINISHED = re.compile(
+    r'^scaleout_engine_unfinished_requests\{replica="(?P<replica>[^"]*)"\} (?P<value>\S+)$'
+)
+
+
+def running_requests(metrics_text: str) -> dict[str, int]:
+    """Requests each Generate replica's engine runs or queues, by replica id."""
+    return {
+        match["replica"]: int(float(match["value"]))
+        for match in map(UNFINISHED.match, metrics_text.splitlines())
+        if match
+    }
