@@ -1,4 +1,5 @@
-"""Marks each test by its folder: unit, integration or e2e."""
+"""Marks each test by its folder: unit, integration or e2e; keeps streams' files in
+the session's temporary directory."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 # Snapshot the environment before any test module imports vLLM (see servers.py).
 import tests.support.servers  # noqa: F401
+from tests.support import sse_reader
 
 _FOLDER_MARKS = {"unit", "integration", "e2e"}
 
@@ -17,3 +19,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         folder = Path(str(item.fspath)).parent.name
         if folder in _FOLDER_MARKS:
             item.add_marker(getattr(pytest.mark, folder))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _streams_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    sse_reader.STREAMS_DIR = tmp_path_factory.mktemp("streams")

@@ -24,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 CURL = shutil.which("curl")
+# Where each stream keeps its body, headers and trace; a test session points it
+# at its own temporary directory (tests/conftest.py), which pytest prunes.
+STREAMS_DIR: Path | None = None
 
 
 class Stream:
@@ -32,7 +35,7 @@ class Stream:
     def __init__(self, base_url: str, path: str, body: dict[str, Any], headers: dict[str, str]):
         if CURL is None:
             raise RuntimeError("the streaming tests need curl on PATH")
-        self._dir = Path(tempfile.mkdtemp(prefix="sse-"))
+        self._dir = Path(tempfile.mkdtemp(prefix="sse-", dir=STREAMS_DIR))
         (self._dir / "body.json").write_text(json.dumps(body))
         self._argv = [
             CURL,
