@@ -3,8 +3,9 @@
 ``serve run`` prints every replica's log, each line stamped when it was
 written (``INFO 2026-11-29 18:21:12,913 default_Ingress <replica> <request id>
 -- POST /inference/v1/generate 200 511.4ms``). The Ingress writes that line once
-the response has left it, so its stamp is the graph's end of the stream,
-whatever later delays a client on a loaded host.
+it has handed on the response's last bytes (Serve's proxy logs the same request
+a few ms later), so its stamp is the graph's end of the stream, whatever later
+delays a client on a loaded host.
 """
 
 from __future__ import annotations
