@@ -6,7 +6,8 @@
 
 ``build_app`` validates its args with :class:`deployments.config.GraphConfig`
 (unknown keys and bad values fail here, before anything starts) and binds
-Ingress → Render + Generate + Derender (→ Generate) + AbortFanout (→ all).
+Ingress → Render + Generate + Derender (→ Generate) + AbortFanout, to which
+every Generate and Derender replica subscribes (``deployments/control_channel``).
 """
 
 from __future__ import annotations
@@ -45,9 +46,10 @@ def build_graph(config: GraphConfig) -> Application:
     generate_actor: dict[str, Any] = {"runtime_env": {"env_vars": engine_env(config)}}
     if config.num_gpus:
         generate_actor["num_gpus"] = config.num_gpus
-    generate = _with_options(Generate, config.generate, generate_actor).bind(config)
-    derender = _with_options(Derender, config.derender).bind(config, generate)
-    control = _with_options(AbortFanout, DeploymentOptions()).bind(generate, derender)
+    # One control plane that every Generate and Derender replica subscribes to.
+    control = _with_options(AbortFanout, DeploymentOptions()).bind()
+    generate = _with_options(Generate, config.generate, generate_actor).bind(config, control)
+    derender = _with_options(Derender, config.derender).bind(config, generate, control)
     return _with_options(Ingress, config.ingress).bind(config, render, generate, derender, control)
 
 

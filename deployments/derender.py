@@ -36,8 +36,10 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
 from .config import GraphConfig
+from .control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from .generate import GENERATE_PREFIX
 from .protocol import (
+    ControlCommand,
     DerenderChoice,
     DerenderStreamChoice,
     GenerateDerenderResponse,
@@ -65,7 +67,9 @@ from .text_output import TextOutput, tokens_request
     },
 )
 class Derender:
-    async def __init__(self, config: GraphConfig, generate: DeploymentHandle) -> None:  # type: ignore[misc]
+    async def __init__(  # type: ignore[misc]
+        self, config: GraphConfig, generate: DeploymentHandle, control: DeploymentHandle
+    ) -> None:
         self._config = config
         self._coalesce_s = config.stream_coalesce_ms / 1000
         self._state = await build_render_state(config)
@@ -73,6 +77,9 @@ class Derender:
         self._generate = generate.options(stream=True)
         # Request ids of the stateful streams this replica holds right now.
         self._streams: dict[str, int] = {}
+        replica = serve.get_replica_context().replica_id.unique_id
+        self._control = ControlChannel(control, "derender", replica, self._on_control)
+        await self._control.start(timeout_s=CONTROL_SUBSCRIBE_TIMEOUT_S)
 
     async def _generate_events(self, request: GenerateRequest) -> AsyncGenerator[Any, None]:
         """Generate's items for ``request``; the call is cancelled if we stop early."""
@@ -103,7 +110,10 @@ class Derender:
             else:
                 self._streams[stream_id] -= 1
 
-    async def holds(self, request_ids: list[str]) -> int:
+    async def _on_control(self, command: ControlCommand) -> int | None:
+        return self._holds(command.request_ids) if command.kind == "abort" else None
+
+    def _holds(self, request_ids: list[str]) -> int:
         """How many of these requests have a stateful stream in this replica.
 
         The abort itself happens in the engine; its final ``abort`` chunk
@@ -111,6 +121,11 @@ class Derender:
         """
         wanted = {i.removeprefix(GENERATE_PREFIX) for i in request_ids}
         return sum(1 for i in wanted if i in self._streams)
+
+    def __del__(self) -> None:
+        control = getattr(self, "_control", None)
+        if control is not None:
+            control.stop()
 
     async def generate_derender(
         self, request: GenerateRequest, context: ParseContext | None
@@ -146,10 +161,6 @@ class Derender:
             result = await serving.derender_completion_stream_response(request)
             return _with_state(result, DerenderCompletionStreamResponse)
         return await serving.derender_completion_response(request)
-
-    async def ready(self) -> bool:
-        """The ingress's readiness probe: answers once __init__ has finished."""
-        return True
 
 
 def _with_state(result: Any, wrapper: Any) -> Any:

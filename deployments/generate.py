@@ -13,12 +13,12 @@ Derender tier, next to the engine.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from ray import serve
+from ray.serve.handle import DeploymentHandle
 from starlette.datastructures import State
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
     GenerateRequest,
@@ -29,8 +29,9 @@ from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
 from .coalesce import coalesce_events
 from .config import GraphConfig
+from .control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from .engine_metrics import local_vllm_metrics
-from .protocol import EngineState, TextJob, served_by
+from .protocol import ControlCommand, EngineState, TextJob, served_by
 from .text_output import TextOutput, tokens_request
 from .vllm_args import serve_namespace
 
@@ -81,21 +82,26 @@ class Generate:
     """One engine per replica."""
 
     async def __init__(  # type: ignore[misc]
-        self, config: GraphConfig, engine_factory: EngineFactory = start_vllm_engine
+        self,
+        config: GraphConfig,
+        control: DeploymentHandle,
+        engine_factory: EngineFactory = start_vllm_engine,
     ) -> None:
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 
         self._config = config
         self._coalesce_s = config.stream_coalesce_ms / 1000
-        # The engine's output handler and ZMQ sockets live on this loop; calls
-        # that Serve runs elsewhere (broadcasts) must hop onto it.
-        self._loop = asyncio.get_running_loop()
         args = serve_namespace(config, role="generate")
         self._engine = await engine_factory(args)
         state = State()
         await init_app_state(self._engine, state, args, await self._engine.get_supported_tasks())
         self._state = state
         self._text = TextOutput(state.online_derenderer, state.serving_derender)
+        self._replica = serve.get_replica_context().replica_id.unique_id
+        # Aborts and /metrics reach this replica even when its streams fill every slot.
+        # The channel runs on this loop, the engine's, so its aborts need no hop.
+        self._control = ControlChannel(control, "generate", self._replica, self._on_control)
+        await self._control.start(timeout_s=CONTROL_SUBSCRIBE_TIMEOUT_S)
 
     async def generate(
         self, request: GenerateRequest
@@ -145,7 +151,14 @@ class Generate:
         finally:
             await self._engine.abort(engine_id)
 
-    async def abort(self, request_ids: list[str]) -> int:
+    async def _on_control(self, command: ControlCommand) -> int | EngineState | None:
+        if command.kind == "abort":
+            return await self._abort(command.request_ids)
+        if command.kind == "engine_state":
+            return self._engine_state()
+        return None
+
+    async def _abort(self, request_ids: list[str]) -> int:
         """Abort these requests if this engine holds them; returns how many it held.
 
         Clients send the id they got back: ``generate-tokens-…`` from
@@ -153,35 +166,27 @@ class Generate:
         routes. Both name the same engine request.
         """
         wanted = {engine_request_id(i) for i in request_ids} | set(request_ids)
-        return await self._on_engine_loop(self._abort_on_engine_loop(sorted(wanted)))
-
-    async def _abort_on_engine_loop(self, engine_ids: list[str]) -> int:
+        engine_ids = sorted(wanted)
         live = self._engine.output_processor.external_req_ids
         held = [i for i in engine_ids if live.get(i)]
         await self._engine.abort(engine_ids)
         return len(held)
 
-    async def _on_engine_loop(self, coro: Any) -> Any:
-        if asyncio.get_running_loop() is self._loop:
-            return await coro
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
-
-    async def engine_state(self) -> EngineState:
+    def _engine_state(self) -> EngineState:
         """This replica's engine for ``/metrics``: what it holds now, and vLLM's metrics."""
         return EngineState(
-            replica=serve.get_replica_context().replica_id.unique_id,
+            replica=self._replica,
             unfinished_requests=self._engine.get_num_unfinished_requests(),
             vllm_metrics=local_vllm_metrics(),
         )
-
-    async def ready(self) -> bool:
-        """The ingress's readiness probe: answers once __init__ has finished."""
-        return True
 
     async def check_health(self) -> None:
         await self._engine.check_health()
 
     def __del__(self) -> None:
+        control = getattr(self, "_control", None)
+        if control is not None:
+            control.stop()
         engine = getattr(self, "_engine", None)
         if engine is not None and hasattr(engine, "shutdown"):
             engine.shutdown()

@@ -114,7 +114,6 @@ class Ingress:
         self._config = config
         self._control = abort_fanout
         self._render = render
-        self._generate_unary = generate
         self._generate = generate.options(stream=True)
         self._derender_unary = derender
         self._derender = derender.options(stream=True)
@@ -123,17 +122,20 @@ class Ingress:
 
     @app.get("/health")
     async def health(self) -> Response:
-        """200 once every tier answers: a replica that is up but whose engine is not is 503."""
+        """200 once every tier can serve: Render answers, and Generate and Derender each
+        have a replica whose engine or parsers are up (subscribed to the control plane).
+
+        Not a call into Generate or Derender: a replica whose streams fill its
+        ``max_ongoing_requests`` is busy, not unhealthy.
+        """
         try:
-            for probe in (
-                self._render.ready,
-                self._generate_unary.ready,
-                self._derender_unary.ready,
-            ):
-                await asyncio.wait_for(_awaited(probe.remote()), HEALTH_TIMEOUT_S)
+            await asyncio.wait_for(_awaited(self._render.ready.remote()), HEALTH_TIMEOUT_S)
+            tiers = await asyncio.wait_for(
+                _awaited(self._control.subscribed.remote()), HEALTH_TIMEOUT_S
+            )
         except Exception:
             return Response(status_code=503)
-        return Response(status_code=200)
+        return Response(status_code=200 if all(tiers.values()) else 503)
 
     @app.get("/version")
     async def version(self) -> JSONResponse:

@@ -138,3 +138,18 @@ class EngineState(BaseModel):
     """Requests the engine holds right now, running or queued (not as of its last step)."""
     vllm_metrics: list[Metric]
     """The engine's own vLLM metric families (its Prometheus stat logger)."""
+
+
+CommandKind = Literal["subscribed", "abort", "engine_state"]
+
+
+class ControlCommand(BaseModel):
+    """One control-plane command, sent down a replica's subscription (``control_channel``)."""
+
+    id: int
+    """Answered with ``AbortFanout.reply(id, result)``; 0 for ``subscribed`` (no answer)."""
+    kind: CommandKind
+    """``subscribed``: the channel is open. ``abort``: abort ``request_ids`` here, answer how
+    many this replica held. ``engine_state``: answer an :class:`EngineState` (Generate only)."""
+    request_ids: list[str] = []
+    """For ``abort``: the ids clients hold."""

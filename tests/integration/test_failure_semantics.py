@@ -153,21 +153,44 @@ def test_legacy_abort_route_only_on_tokens_only_and_unauthenticated(client: http
 def test_overload_is_503_before_any_byte_and_held_requests_complete(
     client: httpx.Client,
 ) -> None:
-    request = rendered(client, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
-    request.pop("parse_context")
-    request.update(stream=True, stream_options={"include_usage": True})
-    request["sampling_params"].update(max_tokens=300, ignore_eos=True)
-    url = f"{client.base_url}{TOKENS_ONLY_PREFIX}/inference/v1/generate"
+    """The tokens-only Generate takes one request and queues one more; the rest get 503.
 
-    def one(_: int) -> tuple[int, str | None, str]:
+    The request that holds the one slot is paced (``tests/support/paced_decode.py``)
+    to last at least ``HOLD_TOKENS * HOLD_PACE_MS``, however fast or slow the host
+    is, and the excess is sent only once the engine reports it running. So the
+    excess always meets a full replica: one of it waits in the queue, the others
+    are turned away. (Unpaced, the tiny model's 300 tokens took ~0.5 s, and a
+    stalled client thread on this host once let all six through one by one.)
+    """
+    base = rendered(client, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    base.pop("parse_context")
+    base.update(stream=True, stream_options={"include_usage": True})
+    url = f"{client.base_url}{TOKENS_ONLY_PREFIX}/inference/v1/generate"
+    hold_tokens, hold_pace_ms, excess_tokens, excess = 100, 60, 50, 4
+
+    def generate(tokens: int, pace_ms: float | None = None) -> tuple[int, str | None, str]:
+        request = json.loads(json.dumps(base))
+        request["sampling_params"].update(max_tokens=tokens, ignore_eos=True)
+        if pace_ms is not None:
+            request["sampling_params"]["extra_args"] = {"pace_ms": pace_ms}
         with httpx.Client(timeout=120) as c:
             response = c.post(url, json=request, headers=AUTH)
             return response.status_code, response.headers.get("Retry-After"), response.text
 
-    with ThreadPoolExecutor(6) as pool:
-        results = list(pool.map(one, range(6)))
+    with ThreadPoolExecutor(1 + excess) as pool:
+        holder = pool.submit(generate, hold_tokens, hold_pace_ms)
+        deadline = time.monotonic() + 30
+        while not any(running_requests(client, TOKENS_ONLY_PREFIX).values()):
+            assert time.monotonic() < deadline, "the holding request never reached the engine"
+            assert not holder.done(), holder.result()
+            time.sleep(0.05)
+        results = list(pool.map(lambda _: generate(excess_tokens), range(excess)))
+        holder_status, _, holder_text = holder.result()
+
+    assert holder_status == 200, holder_text
+    assert sse_payloads(holder_text)[-2]["usage"]["completion_tokens"] == hold_tokens
     statuses = sorted(status for status, _, _ in results)
-    assert 503 in statuses and 200 in statuses, statuses
+    assert statuses == [200] + [503] * (excess - 1), statuses
     for status, retry_after, text in results:
         if status == 503:
             assert retry_after is not None
@@ -175,7 +198,45 @@ def test_overload_is_503_before_any_byte_and_held_requests_complete(
         else:
             events = sse_payloads(text)
             assert events[-1] == "[DONE]"
-            assert events[-2]["usage"]["completion_tokens"] == 300
+            assert events[-2]["usage"]["completion_tokens"] == excess_tokens
+    wait_idle(client, within_s=5.0, prefix=TOKENS_ONLY_PREFIX)
+
+
+def test_abort_metrics_and_health_reach_a_full_generate_replica(client: httpx.Client) -> None:
+    """Control calls do not queue behind the streams that fill a replica.
+
+    The tokens-only Generate takes one request at a time; one paced stream fills
+    it. Serve would make a call into the replica wait for that stream to end (an
+    abort of it would have nothing left to abort), so the control plane reaches
+    replicas down their own subscriptions (``deployments/control_channel.py``).
+    """
+    body = rendered(client, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    body.pop("parse_context")
+    body.update(stream=True, request_id="fills-the-replica")
+    body["sampling_params"].update(max_tokens=200, ignore_eos=True, extra_args={"pace_ms": 50})
+    url = f"{TOKENS_ONLY_PREFIX}/inference/v1/generate"
+    with (
+        httpx.Client(base_url=str(client.base_url), timeout=60) as c,
+        c.stream("POST", url, json=body, headers=AUTH) as response,
+    ):
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        started = time.monotonic()
+        assert list(running_requests(client, TOKENS_ONLY_PREFIX).values()) == [1]
+        assert client.get(f"{TOKENS_ONLY_PREFIX}/health").status_code == 200
+        abort = client.post(
+            f"{TOKENS_ONLY_PREFIX}/inference/v1/abort_requests",
+            json={"request_ids": [body["request_id"]]},
+            headers=AUTH,
+        )
+        assert abort.json() == {"held": {"generate": 1, "derender": 0}}
+        events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+        # 200 steps at 50 ms would take 10 s; the abort ends it at once.
+        assert time.monotonic() - started < 5
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["choices"][0]["finish_reason"] == "abort"
+    wait_idle(client, within_s=1.0, prefix=TOKENS_ONLY_PREFIX)
 
 
 BAD_INPUTS: list[tuple[str, str, Any, int]] = [
