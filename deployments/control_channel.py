@@ -42,6 +42,7 @@ class ControlChannel:
         self._handler = handler
         self._subscribed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._commands: Any = None  # the subscription call in flight
         self._answers: set[asyncio.Task[None]] = set()
 
     async def start(self, timeout_s: float) -> None:
@@ -50,16 +51,19 @@ class ControlChannel:
         await asyncio.wait_for(self._subscribed.wait(), timeout_s)
 
     def stop(self) -> None:
+        """End the subscription now, so the control plane forgets this replica at once."""
         if self._task is not None:
             self._task.cancel()
+        if self._commands is not None:
+            self._commands.cancel()
 
     async def _run(self) -> None:
         while True:
             try:
-                commands: Any = self._stream_handle.subscribe.remote(
+                self._commands = self._stream_handle.subscribe.remote(
                     self._tier, self._replica, ray.get_runtime_context().current_actor
                 )
-                async for command in commands:
+                async for command in self._commands:
                     if command.kind == "subscribed":
                         self._subscribed.set()
                         continue
