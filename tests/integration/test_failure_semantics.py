@@ -156,8 +156,8 @@ def test_overload_is_503_before_any_byte_and_held_requests_complete(
     """The tokens-only Generate takes one request and queues one more; the rest get 503.
 
     The request that holds the one slot is paced (``tests/support/paced_decode.py``)
-    to last at least ``HOLD_TOKENS * HOLD_PACE_MS``, however fast or slow the host
-    is, and the excess is sent only once the engine reports it running. So the
+    to last at least ``hold_tokens × hold_pace_ms`` (6 s), however fast or slow the
+    host is, and the excess is sent only once the engine reports it running. So the
     excess always meets a full replica: one of it waits in the queue, the others
     are turned away. (Unpaced, the tiny model's 300 tokens took ~0.5 s, and a
     stalled client thread on this host once let all six through one by one.)
