@@ -19,12 +19,12 @@ import itertools
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from ray import serve
 from ray.exceptions import RayActorError
 
-from .protocol import CommandKind, ControlCommand, EngineState
+from .protocol import CommandKind, ControlCommand, EngineState, Tier
 
 logger = logging.getLogger("ray.serve")
 
@@ -35,8 +35,6 @@ GONE_CHECK_AFTER_S = 0.5
 # A live replica that does not answer within this long is dropped too, and its
 # stream ends, so a stalled one subscribes afresh.
 REPLY_TIMEOUT_S = 10.0
-
-Tier = Literal["generate", "derender"]
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import Any
 import ray
 from ray.serve.handle import DeploymentHandle
 
-from .protocol import ControlCommand
+from .protocol import ControlCommand, Tier
 
 logger = logging.getLogger("ray.serve")
 
@@ -34,7 +34,7 @@ Handler = Callable[[ControlCommand], Awaitable[Any]]
 class ControlChannel:
     """Keeps one replica subscribed to the control plane, resubscribing if the stream ends."""
 
-    def __init__(self, control: DeploymentHandle, tier: str, replica: str, handler: Handler):
+    def __init__(self, control: DeploymentHandle, tier: Tier, replica: str, handler: Handler):
         self._control = control
         self._stream_handle = control.options(stream=True)
         self._tier = tier

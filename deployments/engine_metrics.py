@@ -2,10 +2,10 @@
 
 Each Generate replica runs its engine in its own process, so each has its own
 vLLM Prometheus registry. The ingress gathers their metric families (one
-broadcast per scrape; objects, not text to parse again) and writes one
-exposition: vLLM's families once each, every sample with a ``replica`` label,
-plus a gauge of the requests each engine holds at the scrape (vLLM's own
-gauges are set as the engine steps).
+command down each replica's control channel per scrape; objects, not text to
+parse again) and writes one exposition: vLLM's families once each, every
+sample with a ``replica`` label, plus a gauge of the requests each engine holds
+at the scrape (vLLM's own gauges are set as the engine steps).
 """
 
 from __future__ import annotations

@@ -141,6 +141,8 @@ class EngineState(BaseModel):
 
 
 CommandKind = Literal["subscribed", "abort", "engine_state"]
+Tier = Literal["generate", "derender"]
+"""The data-plane tiers that subscribe to the control plane."""
 
 
 class ControlCommand(BaseModel):

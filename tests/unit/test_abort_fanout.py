@@ -40,15 +40,9 @@ async def replica(
     return seen
 
 
-async def subscribed(
-    fanout: Any,
-    tier: str,
-    name: str,
-    answer: Answer | None,
-    seen: list[str] | None = None,
-    actor: Any = None,
-) -> asyncio.Task:
-    task = asyncio.create_task(replica(fanout, tier, name, answer, seen, actor))
+async def subscribed(fanout: Any, tier: str, name: str, *args: Any, **kwargs: Any) -> asyncio.Task:
+    """``replica(...)`` started, once the fan-out has it."""
+    task = asyncio.create_task(replica(fanout, tier, name, *args, **kwargs))
     for _ in range(100):
         if (tier, name) in fanout._subscribers:
             return task
