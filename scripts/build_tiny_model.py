@@ -9,8 +9,11 @@ few seconds on a synthetic corpus, so that greedy decoding gives three shapes:
 - with ``tools`` in the request, ``<tool_call>{"name": …, "arguments": …}</tool_call>``;
 - for a ``think:`` prompt, ``<think> … </think>`` followed by an answer.
 
-Same script, same machine type, same bytes: ``--check`` rebuilds into a
-temporary folder and compares every file with the committed one.
+``--check`` rebuilds into a temporary folder and compares it with the shipped
+folder, on any x86-64 CPU: tokenizer, configs and chat template byte for byte,
+weights within a measured tolerance (float kernels differ between AVX-512 and
+AVX2), and every trained reply reproduced by greedy decoding with the shipped
+weights and the rebuilt ones (``scripts/model_check.py``).
 
     python scripts/build_tiny_model.py            # (re)write models/tiny-chat
     python scripts/build_tiny_model.py --check    # rebuild and compare
@@ -19,13 +22,27 @@ temporary folder and compares every file with the committed one.
 from __future__ import annotations
 
 import argparse
-import filecmp
 import json
 import random
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: scripts/ is not a package on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scripts.model_check import (
+    EXACT_FILES,
+    MAX_ABS_DIFF,
+    MAX_REL_L2,
+    file_differences,
+    greedy_report,
+    reply_logit_drift,
+    weight_problems,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "models" / "tiny-chat"
@@ -182,21 +199,54 @@ def train_tokenizer(corpus: list[str]):
     return tok
 
 
+@dataclass(frozen=True)
+class Batch:
+    """The training set as tensors: every prompt + reply, loss on the reply only."""
+
+    input_ids: Any
+    mask: Any
+    target: Any
+
+
+def training_batch(encode: Callable[[str], list[int]], pad_id: int) -> Batch:
+    import torch
+
+    template = TEMPLATE.read_text()
+    rows, labels = [], []
+    for ex in examples():
+        p = encode(render_prompt(template, ex))
+        r = encode(ex.reply + "<|im_end|>")
+        rows.append(p + r)
+        labels.append([-100] * len(p) + r)
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    target = torch.full((len(rows), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (row, lab) in enumerate(zip(rows, labels, strict=True)):
+        input_ids[i, : len(row)] = torch.tensor(row)
+        target[i, : len(lab)] = torch.tensor(lab)
+        mask[i, : len(row)] = 1
+    return Batch(input_ids, mask, target)
+
+
+def deterministic_torch() -> None:
+    import torch
+
+    torch.manual_seed(SEED)
+    random.seed(SEED)
+    torch.set_num_threads(1)  # a fixed reduction order: the same bytes on every run of one CPU
+    torch.use_deterministic_algorithms(True)
+
+
 def build(out: Path) -> None:
     import torch
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-    torch.manual_seed(SEED)
-    random.seed(SEED)
-    torch.set_num_threads(1)  # a fixed reduction order: the same bytes on every run
-    torch.use_deterministic_algorithms(True)
-
+    deterministic_torch()
     template = TEMPLATE.read_text()
     data = examples()
-    prompts = [render_prompt(template, ex) for ex in data]
-    replies = [ex.reply + "<|im_end|>" for ex in data]
-
-    raw_tok = train_tokenizer([p + r for p, r in zip(prompts, replies, strict=False)])
+    corpus = [render_prompt(template, ex) + ex.reply + "<|im_end|>" for ex in data]
+    raw_tok = train_tokenizer(corpus)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=raw_tok,
         bos_token=None,
@@ -228,27 +278,12 @@ def build(out: Path) -> None:
         torch_dtype="float32",
     )
     model = Qwen3ForCausalLM(config)
-
-    # Loss only on the reply: the prompt is given, never generated.
-    rows, labels = [], []
-    for prompt, reply in zip(prompts, replies, strict=False):
-        p = raw_tok.encode(prompt).ids
-        r = raw_tok.encode(reply).ids
-        rows.append(p + r)
-        labels.append([-100] * len(p) + r)
-    width = max(len(r) for r in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    target = torch.full((len(rows), width), -100, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (row, lab) in enumerate(zip(rows, labels, strict=False)):
-        input_ids[i, : len(row)] = torch.tensor(row)
-        target[i, : len(lab)] = torch.tensor(lab)
-        mask[i, : len(row)] = 1
+    batch = training_batch(lambda text: raw_tok.encode(text).ids, pad_id)
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
     model.train()
     for step in range(TRAIN_STEPS):
-        loss = model(input_ids=input_ids, attention_mask=mask, labels=target).loss
+        loss = model(input_ids=batch.input_ids, attention_mask=batch.mask, labels=batch.target).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -261,37 +296,64 @@ def build(out: Path) -> None:
     tokenizer.save_pretrained(out)
     gen = {"bos_token_id": pad_id, "eos_token_id": [eos_id, pad_id], "pad_token_id": pad_id}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
-    _check_greedy(model, input_ids, mask, target)
+    report = greedy_report(_logits(model, batch), batch.target)
+    print(f"greedy replies reproduced: {report.reproduced}/{report.total}", file=sys.stderr)
+    if problems := report.problems("build"):
+        raise SystemExit("; ".join(problems))
 
 
-def _check_greedy(model, input_ids, mask, target) -> None:
-    """Fail the build unless greedy decoding reproduces every trained reply.
-
-    Teacher-forced argmax equals the target at every reply position exactly
-    when greedy decoding regenerates the reply, so one forward pass checks all.
-    """
+def _logits(model: Any, batch: Batch) -> Any:
     import torch
 
     with torch.no_grad():
-        logits = model(input_ids=input_ids, attention_mask=mask).logits
-    predicted = logits[:, :-1].argmax(-1)
-    wanted = target[:, 1:]
-    scored = wanted != -100
-    wrong_rows = ((predicted != wanted) & scored).any(dim=1)
-    bad = int(wrong_rows.sum())
-    print(f"greedy replies reproduced: {len(wrong_rows) - bad}/{len(wrong_rows)}", file=sys.stderr)
-    if bad:
-        raise SystemExit(f"{bad} trained replies are not reproduced by greedy decoding")
+        return model(input_ids=batch.input_ids, attention_mask=batch.mask).logits
 
 
-def same_tree(a: Path, b: Path) -> list[str]:
-    """Names of files that differ between two model folders."""
-    names = sorted({p.name for p in a.iterdir()} | {p.name for p in b.iterdir()})
-    return [
-        n
-        for n in names
-        if not ((a / n).exists() and (b / n).exists() and filecmp.cmp(a / n, b / n, shallow=False))
-    ]
+def folder_logits(folder: Path) -> tuple[Any, Batch]:
+    """The saved model's logits over the training set, encoded by its own tokenizer."""
+    from tokenizers import Tokenizer
+    from transformers import Qwen3ForCausalLM
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    batch = training_batch(lambda text: tok.encode(text).ids, tok.token_to_id("<|endoftext|>"))
+    model = Qwen3ForCausalLM.from_pretrained(folder).eval()
+    return _logits(model, batch), batch
+
+
+def check(shipped: Path) -> None:
+    """Rebuild in a temporary folder; fail naming every way it differs from ``shipped``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rebuilt = Path(tmp)
+        build(rebuilt)
+        problems = file_differences(shipped, rebuilt)
+        weight_trouble, diffs = weight_problems(shipped, rebuilt)
+        problems += weight_trouble
+        shipped_logits, batch = folder_logits(shipped)
+        rebuilt_logits, _ = folder_logits(rebuilt)
+    worst_abs = max(diffs, key=lambda d: d.max_abs)
+    worst_l2 = max(diffs, key=lambda d: d.rel_l2)
+    print(
+        f"weights: {len(diffs)} tensors; largest max abs diff {worst_abs.max_abs:.3g} "
+        f"({worst_abs.name}), largest relative L2 {worst_l2.rel_l2:.3g} ({worst_l2.name})"
+    )
+    for which, logits in (("shipped", shipped_logits), ("rebuilt", rebuilt_logits)):
+        report = greedy_report(logits, batch.target)
+        print(
+            f"{which}: greedy replies reproduced {report.reproduced}/{report.total}, "
+            f"smallest margin {report.min_margin:.3f}"
+        )
+        problems += report.problems(which)
+    if shipped_logits.shape == rebuilt_logits.shape:
+        print(
+            "logits at reply positions: largest difference shipped vs rebuilt "
+            f"{reply_logit_drift(shipped_logits, rebuilt_logits, batch.target):.3g}"
+        )
+    if problems:
+        raise SystemExit(f"rebuild differs from {shipped}:\n  " + "\n  ".join(problems))
+    print(
+        f"rebuild matches {shipped}: {', '.join(EXACT_FILES)} byte for byte; "
+        f"weights within max abs {MAX_ABS_DIFF:g} and relative L2 {MAX_REL_L2:g}"
+    )
 
 
 def main() -> None:
@@ -303,15 +365,10 @@ def main() -> None:
         "--check", action="store_true", help="rebuild in a temp dir and compare with --out"
     )
     args = ap.parse_args()
-    if not args.check:
+    if args.check:
+        check(args.out)
+    else:
         build(args.out)
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        build(Path(tmp))
-        diff = same_tree(args.out, Path(tmp))
-    if diff:
-        raise SystemExit(f"rebuild differs from {args.out}: {diff}")
-    print(f"rebuild is bit-for-bit equal to {args.out}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@
 
 Each config runs as written but on a free port (and a smaller KV cache), as
 the benchmark starts it (``bench.topology``), one after another: G tokens,
-T text, B/BP per-chunk stateless derender, S/I chat.
+T text, B/BP per-chunk stateless derender, S/I chat. Topologies whose config
+files hold the same Serve config (T and I; B and S: they differ in how clients
+use the graph, not in the graph) share one graph, and every check of theirs
+runs on it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.topology import Overrides, running_topology
+from bench.topology import CONFIGS, Overrides, running_topology
+from deployments.topologies import serve_config
 from tests.support.servers import TINY_MODEL
 
 MODEL = str(TINY_MODEL)
@@ -98,10 +102,28 @@ CHECKS: dict[str, Callable[[httpx.Client], None]] = {
 }
 
 
-@pytest.mark.parametrize("topology", list(CHECKS))
-def test_topology_serves(topology: str, tmp_path: Path) -> None:
+def same_graph_groups() -> list[list[str]]:
+    """The topologies, grouped by identical Serve config (comments aside), in CHECKS order."""
+    groups: dict[str, list[str]] = {}
+    for name in CHECKS:
+        key = json.dumps(serve_config(CONFIGS / f"{name}.yaml"), sort_keys=True)
+        groups.setdefault(key, []).append(name)
+    return list(groups.values())
+
+
+GROUPS = same_graph_groups()
+
+
+def test_topologies_that_share_a_graph_have_equal_configs() -> None:
+    """What lets T and I, and B and S, share a graph: their files hold one config."""
+    assert sorted(map(sorted, GROUPS)) == [["B", "S"], ["BP"], ["G"], ["I", "T"]]
+
+
+@pytest.mark.parametrize("topologies", GROUPS, ids=["+".join(g) for g in GROUPS])
+def test_topology_serves(topologies: list[str], tmp_path: Path) -> None:
     with (
-        running_topology(topology, tmp_path, Overrides(kv_cache_gib=1)) as url,
+        running_topology(topologies[0], tmp_path, Overrides(kv_cache_gib=1)) as url,
         httpx.Client(base_url=url, timeout=120) as client,
     ):
-        CHECKS[topology](client)
+        for topology in topologies:
+            CHECKS[topology](client)

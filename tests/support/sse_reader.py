@@ -6,15 +6,11 @@ runs at nice 0. Python readers parsing events at that rate took the CPU from
 the very server they measured (streams stretched to 10-20 s, first events
 arrived seconds late, and aborts found finished requests). curl reads a
 stream for almost no CPU; the test only looks at what it wrote.
-``ended_at`` is ``time.monotonic()`` in this process when curl exits, which a
-busy host can delay; ``curl_ended_at`` is when curl itself saw the transfer end
-(see ``transfer_end``).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import tempfile
@@ -49,11 +45,6 @@ class Stream:
             str(self._dir / "headers.txt"),
             "--write-out",
             "%{http_code}",
-            # Timestamped transfer log (headers and events, not the body).
-            "--verbose",
-            "--trace-time",
-            "--stderr",
-            str(self._dir / "trace.txt"),
             "--header",
             "Content-Type: application/json",
             *[arg for name, value in headers.items() for arg in ("--header", f"{name}: {value}")],
@@ -64,11 +55,9 @@ class Stream:
         self._process: subprocess.Popen[str] | None = None
         self._waiter: threading.Thread | None = None
         self._status = ""
-        self.started_at = 0.0
         self.ended_at = 0.0
 
     def start(self) -> None:
-        self.started_at = time.monotonic()
         self._process = subprocess.Popen(
             self._argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
@@ -98,14 +87,6 @@ class Stream:
         assert self._process is not None
         self._process.kill()
         self.join(10)
-
-    @property
-    def curl_ended_at(self) -> float:
-        """``time.monotonic()`` at which curl saw the transfer end."""
-        stamps = TRACE_TIME.findall((self._dir / "trace.txt").read_text(errors="replace"))
-        if not stamps:
-            raise RuntimeError(f"no timestamped trace in {self._dir}")
-        return transfer_end(self.started_at, stamps[0], stamps[-1])
 
     def _raw_events(self) -> list[str]:
         path = self._dir / "body.sse"
@@ -156,26 +137,6 @@ class Stream:
     def token_count(self) -> int:
         usage = [e["usage"] for e in self.events if isinstance(e, dict) and e.get("usage")]
         return int(usage[-1]["completion_tokens"]) if usage else -1
-
-
-# curl --trace-time prefixes each trace line with HH:MM:SS.ffffff.
-TRACE_TIME = re.compile(r"^(\d\d):(\d\d):(\d\d\.\d{6}) ", re.MULTILINE)
-DAY_S = 86_400
-
-
-def transfer_end(started_at: float, first: tuple[str, ...], last: tuple[str, ...]) -> float:
-    """The monotonic time of curl's ``last`` trace line, from its ``first`` one.
-
-    curl stamps trace lines with CLOCK_MONOTONIC (the clock of Python's
-    ``time.monotonic()``) plus an offset in whole seconds taken once from
-    ``time()``: the stamps' differences are exact and their fractions are the
-    monotonic clock's, but their seconds may be a second off wall time. The
-    first line falls within a second after ``started_at`` (curl's spawn), which
-    fixes its seconds.
-    """
-    first_s, last_s = (int(h) * 3600 + int(m) * 60 + float(s) for h, m, s in (first, last))
-    first_at = started_at + (first_s - started_at) % 1.0
-    return first_at + (last_s - first_s) % DAY_S
 
 
 def start_together(streams: list[Stream]) -> None:

@@ -1,36 +1,67 @@
-"""The test-only paced-decode logits processor: which requests hold a step, and how long."""
+"""The test-only paced-decode logits processor: which requests hold a step, and how long.
+
+Read from the sleeps it asks for, not from a clock: a loaded host stretches any
+step, so only the requested pace says what the processor decided.
+"""
 
 from __future__ import annotations
 
-import time
-
+import pytest
 import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 
+from tests.support import paced_decode
 from tests.support.paced_decode import PacedDecode
 
 
-def step_s(processor: PacedDecode) -> float:
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    asked: list[float] = []
+    monkeypatch.setattr(paced_decode.time, "sleep", asked.append)
+    return asked
+
+
+def step(processor: PacedDecode, sleeps: list[float]) -> float:
+    """Seconds one decode step is held (0: not at all)."""
+    before = len(sleeps)
     logits = torch.zeros(2, 4)
-    start = time.monotonic()
     assert processor.apply(logits) is logits
-    return time.monotonic() - start
+    held = sleeps[before:]
+    assert len(held) <= 1
+    return held[0] if held else 0.0
 
 
 def update(added=(), removed=(), moved=()) -> BatchUpdate:  # type: ignore[no-untyped-def]
     return BatchUpdate(batch_size=2, removed=list(removed), added=list(added), moved=list(moved))
 
 
-def test_only_requests_that_ask_are_paced_and_only_while_in_the_batch() -> None:
+def test_only_requests_that_ask_are_paced_and_only_while_in_the_batch(
+    sleeps: list[float],
+) -> None:
     processor = PacedDecode(None, torch.device("cpu"), False)  # type: ignore[arg-type]
     processor.update_state(update(added=[(0, SamplingParams(), None, [])]))
-    assert step_s(processor) < 0.05
+    assert step(processor, sleeps) == 0.0
     paced = SamplingParams(extra_args={"pace_ms": 120})
     processor.update_state(update(added=[(1, paced, None, [])]))
-    assert step_s(processor) >= 0.12
+    assert step(processor, sleeps) == pytest.approx(0.12)
     # The paced request moves to slot 0 (replacing it), then leaves.
     processor.update_state(update(moved=[(1, 0, MoveDirectionality.UNIDIRECTIONAL)]))
-    assert step_s(processor) >= 0.12
+    assert step(processor, sleeps) == pytest.approx(0.12)
     processor.update_state(update(removed=[0]))
-    assert step_s(processor) < 0.05
+    assert step(processor, sleeps) == 0.0
+
+
+def test_the_slowest_pace_in_the_batch_holds_the_step(sleeps: list[float]) -> None:
+    processor = PacedDecode(None, torch.device("cpu"), False)  # type: ignore[arg-type]
+    processor.update_state(
+        update(
+            added=[
+                (0, SamplingParams(extra_args={"pace_ms": 30}), None, []),
+                (1, SamplingParams(extra_args={"pace_ms": 80}), None, []),
+            ]
+        )
+    )
+    assert step(processor, sleeps) == pytest.approx(0.08)
+    processor.update_state(update(removed=[1]))
+    assert step(processor, sleeps) == pytest.approx(0.03)

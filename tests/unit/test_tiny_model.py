@@ -1,4 +1,4 @@
-"""The embedded model: rebuilt bit-for-bit by its script, with the tokens parsers need."""
+"""The embedded model: rebuilt by its script to the shipped one, with the tokens parsers need."""
 
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ def test_chat_template_renders_tools_and_thinking_switch() -> None:
     assert no_think.endswith("<think>\n\n</think>\n\n")
 
 
-def test_build_script_rebuilds_bit_for_bit() -> None:
+def test_build_script_rebuilds_the_shipped_model() -> None:
+    """On this machine's CPU, whichever kernel path torch takes on it."""
     result = subprocess.run(
         [sys.executable, "scripts/build_tiny_model.py", "--check"],
         cwd=REPO,
@@ -59,5 +60,6 @@ def test_build_script_rebuilds_bit_for_bit() -> None:
         timeout=900,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "bit-for-bit equal" in result.stdout
-    assert "greedy replies reproduced: 136/136" in result.stderr
+    assert "rebuild matches" in result.stdout
+    for which in ("shipped", "rebuilt"):
+        assert f"{which}: greedy replies reproduced 136/136" in result.stdout
