@@ -24,7 +24,7 @@ from typing import Any
 from ray import serve
 from ray.exceptions import RayActorError
 
-from .protocol import CommandKind, ControlCommand, EngineState, Tier
+from .control_protocol import CommandKind, ControlCommand, EngineState, Tier
 
 logger = logging.getLogger("ray.serve")
 

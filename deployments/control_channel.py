@@ -20,7 +20,7 @@ from typing import Any
 import ray
 from ray.serve.handle import DeploymentHandle
 
-from .protocol import ControlCommand, Tier
+from .control_protocol import ControlCommand, Tier
 
 logger = logging.getLogger("ray.serve")
 

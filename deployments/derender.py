@@ -37,9 +37,9 @@ from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
 from .config import GraphConfig
 from .control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
+from .control_protocol import ControlCommand
 from .generate import GENERATE_PREFIX
 from .protocol import (
-    ControlCommand,
     DerenderChoice,
     DerenderStreamChoice,
     GenerateDerenderResponse,

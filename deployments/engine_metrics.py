@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .protocol import EngineState
+from .control_protocol import EngineState
 
 UNFINISHED = "scaleout_engine_unfinished_requests"
 VLLM_PREFIX = "vllm:"

@@ -30,8 +30,9 @@ from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 from .coalesce import coalesce_events
 from .config import GraphConfig
 from .control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
+from .control_protocol import ControlCommand, EngineState
 from .engine_metrics import local_vllm_metrics
-from .protocol import ControlCommand, EngineState, TextJob, served_by
+from .protocol import TextJob, served_by
 from .text_output import TextOutput, tokens_request
 from .vllm_args import serve_namespace
 

@@ -3,14 +3,14 @@
 Tiers exchange vLLM's own protocol models (``GenerateRequest``,
 ``ChatCompletionRequest``, ``ErrorResponse``, …) through DeploymentHandles;
 this module adds only what vLLM has no model for. Errors travel as values
-(``ErrorResponse``) and the ingress alone maps them to HTTP.
+(``ErrorResponse``) and the ingress alone maps them to HTTP. The control plane's
+models live apart, in ``control_protocol.py``, so that AbortFanout never imports vLLM.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from prometheus_client.metrics_core import Metric
 from pydantic import BaseModel, ConfigDict
 from vllm.entrypoints.generate.base.protocol import DeltaMessage
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest, ChatMessage
@@ -125,33 +125,3 @@ class GenerateDerenderStreamResponse(_DerenderEnvelope):
 
     object: Literal["generate.derender.chunk"] = "generate.derender.chunk"
     choices: list[DerenderStreamChoice]
-
-
-class EngineState(BaseModel):
-    """What one Generate replica's engine reports to ``/metrics``."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    replica: str
-    """The Serve replica id; ``/metrics`` labels this engine's series with it."""
-    unfinished_requests: int
-    """Requests the engine holds right now, running or queued (not as of its last step)."""
-    vllm_metrics: list[Metric]
-    """The engine's own vLLM metric families (its Prometheus stat logger)."""
-
-
-CommandKind = Literal["subscribed", "abort", "engine_state"]
-Tier = Literal["generate", "derender"]
-"""The data-plane tiers that subscribe to the control plane."""
-
-
-class ControlCommand(BaseModel):
-    """One control-plane command, sent down a replica's subscription (``control_channel``)."""
-
-    id: int
-    """Answered with ``AbortFanout.reply(id, result)``; 0 for ``subscribed`` (no answer)."""
-    kind: CommandKind
-    """``subscribed``: the channel is open. ``abort``: abort ``request_ids`` here, answer how
-    many this replica held. ``engine_state``: answer an :class:`EngineState` (Generate only)."""
-    request_ids: list[str] = []
-    """For ``abort``: the ids clients hold."""

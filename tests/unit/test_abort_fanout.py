@@ -16,7 +16,7 @@ import pytest
 from ray.exceptions import ActorDiedError
 
 from deployments import abort_fanout
-from deployments.protocol import ControlCommand
+from deployments.control_protocol import ControlCommand
 
 AbortFanout: Any = cast(Any, abort_fanout.AbortFanout).func_or_class
 
@@ -90,7 +90,7 @@ def test_no_subscribers_is_a_no_op() -> None:
 
 
 def test_engine_states_asks_generate_only_and_keeps_states() -> None:
-    from deployments.protocol import EngineState
+    from deployments.control_protocol import EngineState
 
     def state(command: ControlCommand) -> Any:
         assert command.kind == "engine_state"
@@ -220,3 +220,20 @@ def test_health_counts_only_live_replicas() -> None:
     counts, seen = asyncio.run(scenario())
     assert counts == {"generate": 1, "derender": 0}
     assert seen == ["subscribed"]
+
+
+def test_the_control_plane_replica_does_not_import_vllm() -> None:
+    """AbortFanout's replica imports its module only: no vLLM, no torch (~9 s, ~700 MB)."""
+    import subprocess
+    import sys
+
+    from tests.support.servers import REPO
+
+    probe = (
+        "import sys, deployments.abort_fanout; print(sorted({'vllm', 'torch'} & set(sys.modules)))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

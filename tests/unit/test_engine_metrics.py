@@ -6,8 +6,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from deployments.control_protocol import EngineState
 from deployments.engine_metrics import UNFINISHED, exposition, local_vllm_metrics
-from deployments.protocol import EngineState
 
 
 def engine_families(prompt_tokens: int, running: int) -> list[Metric]:
