@@ -11,6 +11,10 @@ from argparse import Namespace
 
 from .config import GraphConfig
 
+# vLLM's CPU worker with seeded sampling that survives chunked prefill
+# (deployments/cpu_worker.py); named here so that building the flags imports no vLLM.
+CPU_WORKER_CLS = "deployments.cpu_worker.SeededRewindCPUWorker"
+
 
 def serve_cli(config: GraphConfig, *, role: str) -> list[str]:
     """The ``vllm serve`` flags for one role: ``render``, ``generate`` or ``derender``."""
@@ -34,6 +38,8 @@ def serve_cli(config: GraphConfig, *, role: str) -> list[str]:
         argv += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
         if config.num_gpus > 0:
             argv += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
+        else:
+            argv += ["--worker-cls", CPU_WORKER_CLS]
         if config.max_num_seqs:
             argv += ["--max-num-seqs", str(config.max_num_seqs)]
         if config.enforce_eager:

@@ -43,3 +43,15 @@ def test_logits_processors_reach_the_engine_only() -> None:
     args = serve_namespace(config, role="generate")
     assert args.logits_processors == names
     assert "--logits-processors" not in serve_cli(config, role="render")
+
+
+def test_a_cpu_engine_gets_the_seeded_rewind_worker_and_a_gpu_engine_vllms_own() -> None:
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    from deployments.cpu_worker import SeededRewindCPUWorker
+
+    cpu = serve_namespace(GraphConfig.from_args({}), role="generate")
+    assert resolve_obj_by_qualname(cpu.worker_cls) is SeededRewindCPUWorker
+    gpu = serve_cli(GraphConfig.from_args({"num_gpus": 1}), role="generate")
+    assert "--worker-cls" not in gpu
+    assert "--worker-cls" not in serve_cli(GraphConfig.from_args({}), role="render")
