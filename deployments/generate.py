@@ -13,6 +13,8 @@ Derender tier, next to the engine.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -38,6 +40,11 @@ from .vllm_args import serve_namespace
 
 # Takes the namespace `vllm serve` would parse (vllm_args.serve_namespace).
 EngineFactory = Callable[[argparse.Namespace], Awaitable[Any]]
+logger = logging.getLogger("ray.serve")
+# How often a replica looks at its engine, and how long a replica whose engine
+# died lets the error items it already yielded reach their callers before it exits.
+ENGINE_WATCH_S = 0.2
+DEAD_ENGINE_EXIT_GRACE_S = 0.5
 # ServingTokens names the engine request "generate-tokens-<request_id>".
 GENERATE_PREFIX = "generate-tokens-"
 
@@ -103,6 +110,18 @@ class Generate:
         # The channel runs on this loop, the engine's, so its aborts need no hop.
         self._control = ControlChannel(control, "generate", self._replica, self._on_control)
         await self._control.start(timeout_s=CONTROL_SUBSCRIBE_TIMEOUT_S)
+        self._watchdog = asyncio.create_task(self._exit_when_engine_dies())
+
+    async def _exit_when_engine_dies(self) -> None:
+        """A replica without an engine leaves at once, so Serve routes around it and
+        starts another, rather than after three failed health checks (~30 s), in
+        which every request routed here would fail. Its callers see the actor die:
+        streams end with an error event and ``[DONE]``, as for a killed replica."""
+        while not self._engine.errored:
+            await asyncio.sleep(ENGINE_WATCH_S)
+        logger.error("engine of replica %s died: exiting so Serve replaces it", self._replica)
+        await asyncio.sleep(DEAD_ENGINE_EXIT_GRACE_S)
+        os._exit(1)
 
     async def generate(
         self, request: GenerateRequest
@@ -185,6 +204,9 @@ class Generate:
         await self._engine.check_health()
 
     def __del__(self) -> None:
+        watchdog = getattr(self, "_watchdog", None)
+        if watchdog is not None:  # a shutdown stops the engine on purpose
+            watchdog.cancel()
         control = getattr(self, "_control", None)
         if control is not None:
             control.stop()
