@@ -6,7 +6,9 @@ the token was not sampled". The rewind (``GPUModelRunner._bookkeeping_sync``)
 moves a CUDA Philox generator's offset back by 4; a CPU generator (MT19937) has
 no offset, so ``get_offset`` raises "CPU Generator does not use offset" and the
 EngineCore dies. Any request with a ``seed`` and a prompt longer than one
-step's token budget (2,048 on CPU) triggers it, in vLLM 0.32's own server too.
+step's token budget (2,048 on CPU) triggers it: without this worker, the
+graph's engine (built as ``vllm serve`` builds it) answered such a request with
+``EngineDeadError``.
 
 Here the CPU rewind is real: before sampling, the runner saves the state of
 each generator whose token will be dropped, and restores it where vLLM would
@@ -47,18 +49,23 @@ class SeededRewindCPUModelRunner(CPUModelRunner):
         return {int(i): generators[int(i)] for i in indices if int(i) in generators}
 
     def _sample(self, logits: Any, spec_decode_metadata: Any) -> Any:
-        self._dropped_states = {
-            i: gen.get_state() for i, gen in self._discarded_generators().items()
-        }
+        # Only seeded requests have generators; other traffic pays nothing here.
+        self._dropped_states = (
+            {i: gen.get_state() for i, gen in self._discarded_generators().items()}
+            if self.input_batch.generators
+            else {}
+        )
         return super()._sample(logits, spec_decode_metadata)
 
     def _bookkeeping_sync(self, *args: Any, **kwargs: Any) -> Any:
+        # _sample ran first in this step (vLLM's sample_tokens), over the same batch.
         saved, self._dropped_states = getattr(self, "_dropped_states", {}), {}
+        if not saved:
+            return super()._bookkeeping_sync(*args, **kwargs)
         generators = self.input_batch.generators
-        real = self._discarded_generators()
+        real = {i: generators[i] for i in saved}
         for i, gen in real.items():
-            if i in saved:
-                gen.set_state(saved[i])  # as if the dropped token was never drawn
+            gen.set_state(saved[i])  # as if the dropped token was never drawn
             generators[i] = _NoOffset()  # type: ignore[assignment]
         try:
             return super()._bookkeeping_sync(*args, **kwargs)
