@@ -38,6 +38,7 @@ from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 from .config import GraphConfig
 from .control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from .control_protocol import ControlCommand
+from .errors import no_live_replica
 from .generate import GENERATE_PREFIX
 from .protocol import (
     DerenderChoice,
@@ -50,6 +51,7 @@ from .protocol import (
     served_by,
 )
 from .render import build_render_state
+from .routable import wait_routed
 from .sse import sse_data, sse_event, sse_payloads
 from .text_output import TextOutput, tokens_request
 
@@ -85,6 +87,9 @@ class Derender:
         """Generate's items for ``request``; the call is cancelled if we stop early."""
         call: Any = self._generate.generate.remote(request)
         try:
+            if not await wait_routed(call, self._generate):
+                yield no_live_replica("Generate")
+                return
             async for item in call:
                 yield item
         finally:

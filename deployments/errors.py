@@ -27,6 +27,16 @@ def not_found(message: str) -> ErrorResponse:
     return create_error_response(message, "NotFoundError", HTTPStatus.NOT_FOUND)
 
 
+def unavailable(message: str) -> ErrorResponse:
+    """503: the graph cannot serve this now; ``to_http`` adds ``Retry-After``."""
+    return create_error_response(message, "ServiceUnavailableError", HTTPStatus.SERVICE_UNAVAILABLE)
+
+
+def no_live_replica(deployment: str) -> ErrorResponse:
+    """503 while a tier a request needs has no running replica (one is being replaced)."""
+    return unavailable(f"no {deployment} replica is running; one is starting, retry later")
+
+
 def to_http(error: ErrorResponse, headers: dict[str, str] | None = None) -> JSONResponse:
     if error.error.code == HTTPStatus.SERVICE_UNAVAILABLE:
         headers = {"Retry-After": "1", **(headers or {})}

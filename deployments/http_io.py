@@ -20,11 +20,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from ray.exceptions import RayTaskError
 from ray.serve.exceptions import BackPressureError
+from ray.serve.handle import DeploymentHandle
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+from vllm.exceptions import GenerationError
 
-from .errors import bad_request, to_http
+from .errors import bad_request, no_live_replica, to_http, unavailable
 from .protocol import ServedBy
+from .routable import wait_routed
 from .sse import DONE
 
 logger = logging.getLogger("ray.serve")
@@ -68,11 +71,14 @@ async def parse_body(raw: Request, model: type[ModelT]) -> ModelT | ErrorRespons
 
 async def respond(
     items: Any,
+    via: DeploymentHandle[Any],
     headers: dict[str, str] | None = None,
     on_failure: Callable[[], None] | None = None,
 ) -> Response:
-    """One streamed handle call → HTTP.
+    """One streamed handle call, made through ``via``, → HTTP.
 
+    A call that no replica of ``via`` can take (none is running) is a 503 at
+    once rather than a wait in Serve's router (``routable.wait_routed``).
     The first item is awaited before any status is sent, so an error that
     comes first (bad input, overload) is a real 4xx/5xx, not a 200 with a
     cut-off body. A unary call yields exactly one item.
@@ -81,6 +87,9 @@ async def respond(
     bad input): a replica that died mid-stream cannot cancel the calls it
     made, so the caller cleans up what they may have left running.
     """
+    if not await wait_routed(items, via):
+        _cancel(items)
+        return to_http(no_live_replica(via.deployment_name))
     try:
         first = await anext(items)
         if isinstance(first, ServedBy):
@@ -113,11 +122,7 @@ async def respond(
             logger.warning("stream failed after it started: %r", exc)
             if on_failure is not None:
                 on_failure()
-            error = create_error_response(
-                f"stream failed: {type(exc).__name__}",
-                "ServiceUnavailableError",
-                HTTPStatus.SERVICE_UNAVAILABLE,
-            )
+            error = unavailable(f"stream failed: {type(exc).__name__}")
             yield f"data: {error.model_dump_json()}\n\n"
             yield f"data: {DONE}\n\n"
         finally:
@@ -127,8 +132,11 @@ async def respond(
     return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
 
 
-async def call(response: Any) -> Any:
-    """Await a unary handle call; a failure becomes an error value."""
+async def call(response: Any, via: DeploymentHandle[Any]) -> Any:
+    """Await a unary call made through ``via``; a failure becomes an error value."""
+    if not await wait_routed(response, via):
+        _cancel(response)
+        return no_live_replica(via.deployment_name)
     try:
         return await response
     except Exception as exc:
@@ -140,28 +148,25 @@ def failure_error(exc: Exception) -> ErrorResponse:
     cause = getattr(exc, "cause", None)
     if isinstance(exc, RayTaskError) and isinstance(cause, Exception):
         # A tier raised instead of returning an error value: vLLM's mapping
-        # decides (its validation errors are 400s); unknown causes stay 503.
+        # decides (its validation errors are 400s; a request its engine ended
+        # with an error is vLLM's 500); unknown causes stay 503.
         mapped = create_error_response(cause)
-        if mapped.error.code < HTTPStatus.INTERNAL_SERVER_ERROR:
+        if mapped.error.code < HTTPStatus.INTERNAL_SERVER_ERROR or isinstance(
+            cause, GenerationError
+        ):
             return mapped
     if isinstance(exc, BackPressureError):
-        return create_error_response(
-            "the server is overloaded; retry later",
-            "ServiceUnavailableError",
-            HTTPStatus.SERVICE_UNAVAILABLE,
-        )
+        return unavailable("the server is overloaded; retry later")
     logger.warning("handle call failed: %r", exc)
-    return create_error_response(
-        f"a serving tier failed: {type(exc).__name__}",
-        "ServiceUnavailableError",
-        HTTPStatus.SERVICE_UNAVAILABLE,
-    )
+    return unavailable(f"a serving tier failed: {type(exc).__name__}")
 
 
 def _tier_failed(exc: Exception, error: ErrorResponse) -> bool:
-    """A tier broke under the call; overload and bad input leave nothing running."""
+    """A tier broke under the call; overload, bad input and a request the engine
+    ended leave nothing running."""
     return (
         not isinstance(exc, BackPressureError)
+        and not isinstance(getattr(exc, "cause", None), GenerationError)
         and error.error.code >= HTTPStatus.INTERNAL_SERVER_ERROR
     )
 

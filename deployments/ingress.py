@@ -79,7 +79,7 @@ async def _unary(raw: Request, schema: Any, method: DeploymentHandle) -> Respons
     request = validate(await read_json(raw), schema)
     if isinstance(request, ErrorResponse):
         return to_http(request)
-    return _json(await call(method.remote(request)))
+    return _json(await call(method.remote(request), method))
 
 
 def _with_header_id(request: RequestT, raw: Request) -> RequestT:
@@ -145,7 +145,7 @@ class Ingress:
     @app.get("/metrics")
     async def metrics(self) -> Response:
         """Every engine's vLLM metrics, labelled by replica (``engine_metrics``)."""
-        states = await call(self._control.engine_states.remote())
+        states = await call(self._control.engine_states.remote(), self._control)
         if isinstance(states, ErrorResponse):
             return to_http(states)
         return PlainTextResponse(exposition(states), media_type=CONTENT_TYPE_LATEST)
@@ -171,7 +171,7 @@ class Ingress:
             return to_http(bad_request("Missing 'request_ids' in request body"))
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
             return to_http(bad_request("'request_ids' must be a list of strings"))
-        result = await call(self._control.abort.remote(ids))
+        result = await call(self._control.abort.remote(ids), self._control)
         if isinstance(result, ErrorResponse):
             return to_http(result)
         # vLLM answers an empty 200; the counts only help an operator.
@@ -179,7 +179,7 @@ class Ingress:
 
     @app.get("/v1/models")
     async def models(self) -> Response:
-        return _json(await call(self._render.models.remote()))
+        return _json(await call(self._render.models.remote(), self._render))
 
     @app.post("/v1/chat/completions/render")
     async def render_chat(self, raw: Request) -> Response:
@@ -187,7 +187,9 @@ class Ingress:
         request = await parse_body(raw, ChatCompletionRequest)
         if isinstance(request, ErrorResponse):
             return to_http(request)
-        rendered = await call(self._render.render_chat.remote(_with_header_id(request, raw)))
+        rendered = await call(
+            self._render.render_chat.remote(_with_header_id(request, raw)), self._render
+        )
         if isinstance(rendered, ErrorResponse):
             return to_http(rendered)
         return JSONResponse(
@@ -199,7 +201,9 @@ class Ingress:
         request = await parse_body(raw, CompletionRequest)
         if isinstance(request, ErrorResponse):
             return to_http(request)
-        rendered = await call(self._render.render_completion.remote(_with_header_id(request, raw)))
+        rendered = await call(
+            self._render.render_completion.remote(_with_header_id(request, raw)), self._render
+        )
         if isinstance(rendered, ErrorResponse):
             return to_http(rendered)
         return JSONResponse([rendered_json(item) for item in rendered])
@@ -237,6 +241,7 @@ class Ingress:
                 return to_http(request)
             return await respond(
                 self._generate.generate.remote(request),
+                self._generate,
                 on_failure=self._abort_later(request.request_id),
             )
         request = validate({**data, "output_mode": "tokens"}, GenerateRequest)
@@ -251,6 +256,7 @@ class Ingress:
             return to_http(context)
         return await respond(
             self._derender.generate_derender.remote(request, context),
+            self._derender,
             on_failure=self._abort_later(request.request_id),
         )
 
@@ -270,7 +276,9 @@ class Ingress:
         placement = self._placement(raw)
         if isinstance(placement, ErrorResponse):
             return to_http(placement)
-        rendered = await call(self._render.render_chat.remote(_with_header_id(request, raw)))
+        rendered = await call(
+            self._render.render_chat.remote(_with_header_id(request, raw)), self._render
+        )
         if isinstance(rendered, ErrorResponse):
             return to_http(rendered)
         job = TextJob(
@@ -288,7 +296,9 @@ class Ingress:
         placement = self._placement(raw)
         if isinstance(placement, ErrorResponse):
             return to_http(placement)
-        rendered = await call(self._render.render_completion.remote(_with_header_id(request, raw)))
+        rendered = await call(
+            self._render.render_completion.remote(_with_header_id(request, raw)), self._render
+        )
         if isinstance(rendered, ErrorResponse):
             return to_http(rendered)
         if len(rendered) != 1:
@@ -318,6 +328,7 @@ class Ingress:
         tier = self._derender if placement == "tier" else self._generate
         return await respond(
             tier.text.remote(job),
+            tier,
             headers={PLACEMENT_HEADER: placement},
             on_failure=self._abort_later(job.generate_request.request_id),
         )
@@ -331,7 +342,9 @@ class Ingress:
         """
 
         def abort() -> None:
-            task = asyncio.create_task(call(self._control.abort.remote([request_id])))
+            task = asyncio.create_task(
+                call(self._control.abort.remote([request_id]), self._control)
+            )
             self._cleanups.add(task)
             task.add_done_callback(self._cleanups.discard)
 

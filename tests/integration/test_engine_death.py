@@ -4,8 +4,10 @@ Killing the EngineCore process is what any engine death looks like to the
 replica (vLLM marks the engine dead when its core process goes). The replica
 must not linger, failing every request routed to it until Serve's health
 checks give up on it (3 × 10 s): it exits itself (``Generate._exit_when_engine_dies``),
-and Serve starts another. The time this takes is measured by
-``python -m bench.engine_death`` (docs/engine-death.md), not here.
+and Serve starts another. While no Generate replica is live, requests must not
+wait in Serve's router for the next one (~40 s): they get 503 + ``Retry-After``.
+The times this takes are measured by ``python -m bench.engine_death``
+(docs/engine-death.md), not here.
 """
 
 from __future__ import annotations
@@ -16,9 +18,19 @@ import time
 import httpx
 import psutil
 
-from bench.engine_death import CHAT, engine_core
+from bench.engine_death import CHAT, engine_core, replica_processes
 from tests.integration.test_failure_semantics import HANG_GUARD_S, running_requests
 from tests.support.servers import Server
+
+NO_LIVE_GENERATE = "no Generate replica is running"
+
+
+def wait_all_back(client: httpx.Client, replicas: int) -> None:
+    deadline = time.monotonic() + 300
+    while len(running_requests(client)) != replicas and time.monotonic() < deadline:
+        time.sleep(2)
+    assert len(running_requests(client)) == replicas, "Serve did not bring Generate back"
+    assert client.get("/health").status_code == 200
 
 
 def test_a_replica_whose_engine_died_exits_and_is_replaced(
@@ -43,8 +55,43 @@ def test_a_replica_whose_engine_died_exits_and_is_replaced(
     while client.post("/v1/chat/completions", json=CHAT).status_code != 200:
         assert time.monotonic() < deadline, "the live replica did not serve"
         time.sleep(0.2)
-    deadline = time.monotonic() + 300
-    while len(running_requests(client)) != 2 and time.monotonic() < deadline:
-        time.sleep(2)
-    assert len(running_requests(client)) == 2, "Serve did not bring the Generate replica back"
-    assert client.get("/health").status_code == 200
+    wait_all_back(client, 2)
+
+
+def test_while_no_generate_replica_is_live_requests_get_503_not_a_wait(
+    graph: Server, client: httpx.Client
+) -> None:
+    replicas = replica_processes("default", "Generate")
+    assert len(replicas) == 2, replicas
+    for replica in replicas:
+        engine_core(replica.pid).send_signal(signal.SIGKILL)
+    _, alive = psutil.wait_procs(replicas, timeout=HANG_GUARD_S)
+    assert not alive, "a replica outlived its engine"
+
+    # Until Serve's controller has told the Ingress, a request may still reach a
+    # dead replica (503, "a serving tier failed"); after that, the Ingress itself
+    # says no replica is running. A new engine takes ~40 s to start, so without
+    # the check these requests would wait in Serve's router for it (or time out).
+    polls: list[list[httpx.Response]] = []
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not polls or not all(NO_LIVE_GENERATE in a.text for a in polls[-1]):
+        assert time.monotonic() < deadline, [(a.status_code, a.text) for a in polls[-1]]
+        polls.append(
+            [
+                client.post(path, json=body, headers=headers, timeout=HANG_GUARD_S)
+                for path, body, headers in (
+                    ("/v1/chat/completions", CHAT, {"X-Text-Placement": "inline"}),
+                    # Through a live Derender replica, whose own call to Generate has nowhere to go.
+                    ("/v1/chat/completions", CHAT, {"X-Text-Placement": "tier"}),
+                    ("/inference/v1/generate", {"token_ids": [1, 2], "sampling_params": {}}, {}),
+                )
+            ]
+        )
+        time.sleep(0.2)
+    for answer in (a for poll in polls for a in poll):
+        assert answer.status_code == 503, answer.text
+        assert answer.headers["Retry-After"] == "1"
+        assert answer.json()["error"]["type"] == "ServiceUnavailableError"
+    # Render still answers: only the tiers a request needs decide.
+    assert client.post("/tokenize", json={"prompt": "hi"}).status_code == 200
+    wait_all_back(client, 2)

@@ -6,8 +6,9 @@ import asyncio
 import json
 
 from fastapi.responses import StreamingResponse
-from ray.exceptions import ActorDiedError
+from ray.exceptions import ActorDiedError, RayTaskError
 from ray.serve.exceptions import BackPressureError
+from vllm.exceptions import GenerationError, RetryableRequestError
 
 from deployments.http_io import respond
 from deployments.sse import DONE, sse_data
@@ -35,8 +36,14 @@ class Call:
         self.cancelled = True
 
 
+class Tier:
+    """A handle whose router state Serve has not filled in: every call counts as taken."""
+
+    deployment_name = "Generate"
+
+
 async def body_of(call: Call, failures: list[str]) -> tuple[int, str]:
-    response = await respond(call, on_failure=lambda: failures.append("cleanup"))
+    response = await respond(call, Tier(), on_failure=lambda: failures.append("cleanup"))
     if not isinstance(response, StreamingResponse):
         return response.status_code, bytes(response.body).decode()
     chunks = [c if isinstance(c, str) else bytes(c).decode() async for c in response.body_iterator]
@@ -76,3 +83,19 @@ def test_a_tier_dying_before_the_first_item_is_a_503_with_cleanup() -> None:
     status, _ = asyncio.run(body_of(Call([], ActorDiedError()), failures))
     assert status == 503
     assert failures == ["cleanup"]
+
+
+def test_a_request_its_engine_ended_is_vllms_own_answer_without_cleanup() -> None:
+    """vLLM's server answers a request whose engine ended it with an error
+    (``finish_reason: "error"``) 500, or 503 when it is retryable; nothing is left
+    running, so nothing is aborted."""
+    for cause, status in ((GenerationError(), 500), (RetryableRequestError(), 503)):
+        failures: list[str] = []
+        failed = RayTaskError("generate", "traceback", cause)
+        code, body = asyncio.run(body_of(Call([], failed), failures))
+        error = json.loads(body)["error"]
+        assert (code, error["code"], error["message"]) == (status, status, str(cause))
+        assert error["type"] == (
+            "InternalServerError" if status == 500 else "ServiceUnavailableError"
+        )
+        assert failures == []
