@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from pydantic import BaseModel
 
 DONE = "[DONE]"
+# The SSE line ends, and only those: ``str.splitlines`` also splits on U+2028,
+# U+2029, U+0085 and others, which pydantic writes unescaped inside JSON strings.
+_LINE_END = re.compile(r"\r\n|\r|\n")
 
 
 def sse_event(model: BaseModel) -> str:
@@ -36,7 +40,7 @@ async def sse_stream_payloads(source: AsyncIterator[str]) -> AsyncIterator[dict[
 def sse_payloads(text: str) -> Iterator[dict[str, Any] | str]:
     """Each ``data: …`` event in ``text`` (one event, or several joined) → its
     JSON object, or ``DONE``. Comments and blank lines are skipped."""
-    for line in text.splitlines():
+    for line in _LINE_END.split(text):
         if line.startswith("data:"):
-            data = line[len("data:") :].strip()
+            data = line[len("data:") :].removeprefix(" ")
             yield DONE if data == DONE else json.loads(data)
