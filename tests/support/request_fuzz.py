@@ -170,17 +170,15 @@ def _completion_body(
     rng: random.Random, params: dict[str, Any], long_prompt: int | None
 ) -> dict[str, Any]:
     prompt = _text(rng, long_prompt) if long_prompt else _text(rng, rng.randint(1, 12))
-    body = {"prompt": prompt, **params}
-    body.pop("tool_choice", None)
-    _structured_as_chat(body, keep_response_format=False)
-    return body
+    # Completions has no ``response_format``: structured output stays vLLM's own field.
+    return {"prompt": prompt, **params}
 
 
-def _structured_as_chat(body: dict[str, Any], keep_response_format: bool = True) -> None:
+def _structured_as_chat(body: dict[str, Any]) -> None:
     """OpenAI's ``response_format`` carries a JSON schema; vLLM's ``structured_outputs``
-    the rest (completions has no ``response_format``)."""
+    the rest."""
     structured = body.get("structured_outputs")
-    if keep_response_format and structured and "json" in structured:
+    if structured and "json" in structured:
         schema = body.pop("structured_outputs")["json"]
         body["response_format"] = {
             "type": "json_schema",
@@ -194,8 +192,7 @@ def _generate_body(
     length = long_prompt or rng.randint(1, 16)
     # Ids the tokenizer lacks but the model has (547..1023) are fair game here.
     token_ids = [rng.randrange(MODEL_VOCAB) for _ in range(length)]
-    sampling = {k: v for k, v in params.items() if k not in ("tool_choice",)}
-    sampling.setdefault("detokenize", mode != "tokens")
+    sampling = {**params, "detokenize": mode != "tokens"}
     return {"token_ids": token_ids, "sampling_params": sampling, "output_mode": mode}
 
 
