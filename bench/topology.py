@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from deployments.config import nest_dotted
+from deployments.ray_env import SERVE_ENV
 from deployments.topologies import app_config, gpu_topology_app, serve_config
 from tests.support.servers import REPO, VENV_BIN, free_port, running
 
@@ -64,6 +65,6 @@ def running_topology(name: str, work_dir: Path, overrides: Overrides) -> Iterato
         [str(VENV_BIN / "serve"), "run", str(path)],
         port=port,
         log_path=work_dir / f"{name}.serve.log",
-        env={"RAY_USAGE_STATS_ENABLED": "0"},
+        env={"RAY_USAGE_STATS_ENABLED": "0", **SERVE_ENV},
     ) as server:
         yield server.base_url

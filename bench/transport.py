@@ -1,6 +1,6 @@
 """CPU per streamed token of one DeploymentHandle hop, with and without coalescing.
 
-    python -m bench.transport --out docs/transport-benchmark.md
+    python -m bench.transport --out docs/transport-hop.md
 
 A ``Source`` replica streams token events (the size of a ``tokens``-mode SSE
 event) to a ``Sink`` replica through a streamed handle, as Generate streams to

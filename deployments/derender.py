@@ -46,14 +46,13 @@ from .protocol import (
     GenerateDerenderResponse,
     GenerateDerenderStreamResponse,
     ParseContext,
-    ServedBy,
     TextJob,
     served_by,
 )
 from .render import build_render_state
 from .routable import wait_routed
-from .sse import sse_data, sse_event, sse_payloads
-from .text_output import TextOutput, tokens_request
+from .sse import sse_event
+from .text_output import ChunkEvent, TextOutput, openai_event, tokens_request
 
 
 @serve.deployment(
@@ -98,6 +97,11 @@ class Derender:
     async def text(self, job: TextJob) -> AsyncIterator[Any]:
         """Tier placement: OpenAI chat/completion output for a rendered request."""
         yield served_by("tier")
+        async for item in self._text_items(job, openai_event):
+            yield item
+
+    async def _text_items(self, job: TextJob, event: ChunkEvent) -> AsyncIterator[Any]:
+        """The job's output, each stream chunk written by ``event``."""
         stream = bool(job.generate_request.stream)
         stream_id = job.generate_request.request_id
         self._streams[stream_id] = self._streams.get(stream_id, 0) + 1
@@ -106,7 +110,7 @@ class Derender:
             first = await anext(events)
             done = isinstance(first, (ErrorResponse, GenerateTokensResponse))
             result = first if done else _prepend(first, events)
-            async for item in self._text.respond(job, result, self._coalesce_s):
+            async for item in self._text.respond(job, result, self._coalesce_s, event):
                 yield item
         finally:
             await events.aclose()
@@ -139,15 +143,8 @@ class Derender:
         model = request.model or self._config.model_name
         chat = (context or ParseContext()).chat_request(model)
         job = TextJob(generate_request=request, chat_request=chat, model_name=model)
-        async for item in self.text(job):
-            if isinstance(item, ServedBy):
-                continue
-            if isinstance(item, ChatCompletionResponse):
-                yield _derender_response(item)
-            elif isinstance(item, str):
-                yield _derender_events(item)
-            else:
-                yield item
+        async for item in self._text_items(job, _derender_event):
+            yield _derender_response(item) if isinstance(item, ChatCompletionResponse) else item
 
     async def derender_chat(
         self, request: DerenderChatRequest | DerenderChatStreamRequest
@@ -200,15 +197,9 @@ def _derender_response(response: ChatCompletionResponse) -> GenerateDerenderResp
     )
 
 
-def _derender_events(events: str) -> str:
-    """Chat chunk events → the same steps as ``derender`` chunk events."""
-    return "".join(_derender_event(payload) for payload in sse_payloads(events))
-
-
-def _derender_event(payload: dict[str, Any] | str) -> str:
-    if not isinstance(payload, dict) or "error" in payload:
-        return sse_data(payload)
-    chunk = ChatCompletionStreamResponse.model_validate(payload)
+def _derender_event(chunk: Any) -> str:
+    """A chat chunk as the same step of a ``derender`` stream, written once."""
+    assert isinstance(chunk, ChatCompletionStreamResponse)
     return sse_event(
         GenerateDerenderStreamResponse(
             request_id=chunk.id,

@@ -8,12 +8,12 @@ added later included, so none can slip through unguarded. ``/health``,
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
 
 from .errors import to_http
@@ -46,31 +46,51 @@ def key_matches(header: str | None, api_key: str) -> bool:
     return hmac.compare_digest(f"{scheme.lower()} {token}".encode(), f"bearer {api_key}".encode())
 
 
+class Guard:
+    """Pure ASGI middleware, so streamed responses pass straight through.
+
+    Starlette's ``BaseHTTPMiddleware`` (``@app.middleware("http")``) re-streams
+    every body chunk through a memory channel and a task: one more hop per SSE
+    event on every stream. This one only looks at the request.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        settings: GuardSettings | None = None
+        if scope["type"] == "http" and "app" in scope:
+            settings = getattr(scope["app"].state, "guard", None)
+        refusal = None if settings is None else _refusal(Request(scope), settings)
+        if refusal is None:
+            await self.app(scope, receive, send)
+        else:
+            await refusal(scope, receive, send)
+
+
+def _refusal(request: Request, settings: GuardSettings) -> Response | None:
+    """The answer to a request the guard stops, or None to let it through."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
+        return to_http(
+            create_error_response(
+                f"request body of {length} bytes exceeds {settings.max_body_bytes}",
+                "RequestEntityTooLarge",
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            )
+        )
+    api_key = settings.api_key
+    needs_key = api_key is not None and is_protected(app_path(request))
+    if needs_key and not key_matches(request.headers.get("authorization"), api_key or ""):
+        return to_http(
+            create_error_response(
+                "Unauthorized: a valid 'Authorization: Bearer <api_key>' is required",
+                "AuthenticationError",
+                HTTPStatus.UNAUTHORIZED,
+            )
+        )
+    return None
+
+
 def install_guard(app: FastAPI) -> None:
-    @app.middleware("http")
-    async def guard(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        settings: GuardSettings | None = getattr(request.app.state, "guard", None)
-        if settings is None:
-            return await call_next(request)
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
-            return to_http(
-                create_error_response(
-                    f"request body of {length} bytes exceeds {settings.max_body_bytes}",
-                    "RequestEntityTooLarge",
-                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                )
-            )
-        api_key = settings.api_key
-        needs_key = api_key is not None and is_protected(app_path(request))
-        if needs_key and not key_matches(request.headers.get("authorization"), api_key or ""):
-            return to_http(
-                create_error_response(
-                    "Unauthorized: a valid 'Authorization: Bearer <api_key>' is required",
-                    "AuthenticationError",
-                    HTTPStatus.UNAUTHORIZED,
-                )
-            )
-        return await call_next(request)
+    app.add_middleware(Guard)

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, TypeAdapter, ValidationError
-from ray.exceptions import RayTaskError
+from ray.exceptions import RayError, RayTaskError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
@@ -143,10 +143,20 @@ async def call(response: Any, via: DeploymentHandle[Any]) -> Any:
         return failure_error(exc)
 
 
+def raised_in_tier(exc: Exception) -> Exception:
+    """What the tier raised under a failed call.
+
+    Over the object store, Ray wraps it in a ``RayTaskError`` that holds it as
+    ``cause``; over Serve's gRPC data plane it arrives as itself.
+    """
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(exc, RayTaskError) and isinstance(cause, Exception) else exc
+
+
 def failure_error(exc: Exception) -> ErrorResponse:
     """What a failed handle call means to a client."""
-    cause = getattr(exc, "cause", None)
-    if isinstance(exc, RayTaskError) and isinstance(cause, Exception):
+    cause = raised_in_tier(exc)
+    if not isinstance(cause, (RayError, BackPressureError)):
         # A tier raised instead of returning an error value: vLLM's mapping
         # decides (its validation errors are 400s; a request its engine ended
         # with an error is vLLM's 500); unknown causes stay 503.
@@ -166,7 +176,7 @@ def _tier_failed(exc: Exception, error: ErrorResponse) -> bool:
     ended leave nothing running."""
     return (
         not isinstance(exc, BackPressureError)
-        and not isinstance(getattr(exc, "cause", None), GenerationError)
+        and not isinstance(raised_in_tier(exc), GenerationError)
         and error.error.code >= HTTPStatus.INTERNAL_SERVER_ERROR
     )
 

@@ -15,9 +15,10 @@ DONE = "[DONE]"
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
 
-def sse_event(model: BaseModel) -> str:
-    """One ``data:`` event, dumped as vLLM's OpenAI stream generators dump chunks."""
-    return f"data: {model.model_dump_json()}\n\n"
+def sse_event(model: BaseModel, *, exclude_none: bool = False) -> str:
+    """One ``data:`` event, dumped as vLLM's OpenAI stream generators dump chunks
+    (its final usage chunk with ``exclude_none``)."""
+    return f"data: {model.model_dump_json(exclude_none=exclude_none)}\n\n"
 
 
 def sse_data(payload: dict[str, Any] | str) -> str:

@@ -39,7 +39,7 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
     DerenderStreamState,
     GenerateTokensStreamResponse,
 )
-from vllm.entrypoints.serve.engine.protocol import UsageInfo
+from vllm.entrypoints.serve.engine.protocol import CompletionTokenUsageInfo, UsageInfo
 from vllm.entrypoints.serve.utils.tool_calls_utils import maybe_filter_parallel_tool_calls
 from vllm.parser import Parser
 from vllm.renderers.online_derenderer import (
@@ -68,9 +68,13 @@ class _ParsedChoice:
     role_sent: bool = False
     tools_streamed: bool = False
     logprob_context: list[int] = field(default_factory=list)
+    generated: list[int] = field(default_factory=list)
+    """Every token so far, kept only to count reasoning tokens for usage."""
 
 
-def _usage(chunk: GenerateTokensStreamResponse, prompt_tokens: int) -> UsageInfo | None:
+def _usage(
+    chunk: GenerateTokensStreamResponse, prompt_tokens: int, reasoning_tokens: int | None = None
+) -> UsageInfo | None:
     if chunk.usage is None:
         return None
     completion = chunk.usage.completion_tokens or 0
@@ -78,6 +82,9 @@ def _usage(chunk: GenerateTokensStreamResponse, prompt_tokens: int) -> UsageInfo
         prompt_tokens=prompt_tokens,
         completion_tokens=completion,
         total_tokens=prompt_tokens + completion,
+        completion_tokens_details=None
+        if reasoning_tokens is None
+        else CompletionTokenUsageInfo(reasoning_tokens=reasoning_tokens),
     )
 
 
@@ -107,6 +114,9 @@ class ChatStreamDerenderer:
         )
         self._skip_special = skip_special
         self._spaces_between = spaces
+        # As vLLM's chat server: usage counts reasoning tokens when a reasoning parser runs.
+        parser = derenderer.parser
+        self._counts_reasoning = parser is not None and parser.reasoning_parser_cls is not None
 
     async def feed(self, chunk: GenerateTokensStreamResponse) -> ChatCompletionStreamResponse:
         if not self._parsed:
@@ -171,6 +181,8 @@ class ChatStreamDerenderer:
         for choice in chunk.choices:
             state = self._choice(choice.index)
             delta_ids = list(choice.token_ids or [])
+            if self._counts_reasoning:
+                state.generated += delta_ids
             finished = choice.finish_reason is not None
             delta: DeltaMessage | None = None
             if delta_ids or finished:
@@ -234,8 +246,18 @@ class ChatStreamDerenderer:
             id=chunk.request_id,
             model=self._model_name,
             choices=stream_choices,
-            usage=_usage(chunk, len(self._prompt_token_ids)),
+            usage=_usage(chunk, len(self._prompt_token_ids), self._reasoning_tokens(chunk)),
             metrics=chunk.metrics,
+        )
+
+    def _reasoning_tokens(self, chunk: GenerateTokensStreamResponse) -> int | None:
+        """Reasoning tokens for the chunk's usage, counted as vLLM's chat server
+        counts them: of the chunk's choice (continuous usage), or of all choices."""
+        if chunk.usage is None or not self._counts_reasoning:
+            return None
+        choices = [self._choices[c.index] for c in chunk.choices] or self._choices.values()
+        return sum(
+            c.parser.count_reasoning_tokens(tuple(c.generated)) for c in choices if c.generated
         )
 
 

@@ -9,14 +9,19 @@ through vLLM's own batch derender (``ServingDerender``), exactly as its
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import copy
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from vllm.entrypoints.openai.chat_completion.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
+    ChatCompletionStreamResponse,
 )
-from vllm.entrypoints.openai.completion.protocol import CompletionResponse
+from vllm.entrypoints.openai.completion.protocol import (
+    CompletionResponse,
+    CompletionStreamResponse,
+)
 from vllm.entrypoints.scale_out.derender.serving import ServingDerender
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
     DerenderCompletionRequest,
@@ -44,10 +49,33 @@ from .sse import DONE, sse_data, sse_event, sse_stream_payloads
 from .stop_strings import cut_at_stop, ended_on_stop_string, ended_on_stop_token
 from .stream_derenderer import ChatStreamDerenderer, CompletionStreamDerenderer
 
+OpenAIChunk = ChatCompletionStreamResponse | CompletionStreamResponse
+# Writes one OpenAI chunk as the SSE event the client gets.
+ChunkEvent = Callable[[OpenAIChunk], str]
+
+
+def openai_event(chunk: OpenAIChunk) -> str:
+    """The chunk as vLLM's OpenAI server writes it; its final usage chunk (no
+    choices) without null fields."""
+    return sse_event(chunk, exclude_none=not chunk.choices and chunk.usage is not None)
+
 
 def tokens_request(job: TextJob, *, stream: bool) -> GenerateRequest:
-    """The job's generate request, asking for tokens (we detokenize)."""
-    return job.generate_request.model_copy(update={"output_mode": "tokens", "stream": stream})
+    """The job's generate request, asking for tokens (we detokenize).
+
+    The engine's own incremental detokenizer is turned off too: the text is
+    made from the token ids next to the parser, inline or in the tier, so the
+    engine's would be CPU spent on the engine's host for text nobody reads.
+    Stop strings keep it on: vLLM matches them on the engine's text, and its
+    semantics (which token ends the request) stay exact only there.
+    """
+    params = job.generate_request.sampling_params
+    update: dict[str, Any] = {"output_mode": "tokens", "stream": stream}
+    if params.detokenize and not params.stop:
+        params = copy.copy(params)
+        params.detokenize = False
+        update["sampling_params"] = params
+    return job.generate_request.model_copy(update=update)
 
 
 class TextOutput:
@@ -62,17 +90,19 @@ class TextOutput:
         job: TextJob,
         result: ErrorResponse | GenerateTokensResponse | AsyncIterator[str],
         coalesce_s: float,
+        event: ChunkEvent = openai_event,
     ) -> AsyncIterator[Any]:
         """One generate result → what the client gets: the error value, the unary
-        response, or the SSE stream (coalesced for the handle hop back)."""
+        response, or the SSE stream (coalesced for the handle hop back), each
+        OpenAI chunk written once, by ``event``."""
         if isinstance(result, ErrorResponse):
             yield result
             return
         if isinstance(result, GenerateTokensResponse):
             yield await self.unary(job, result)
             return
-        async for event in coalesce_events(self.stream(job, result), coalesce_s):
-            yield event
+        async for events in coalesce_events(self.stream(job, result, event), coalesce_s):
+            yield events
 
     async def unary(
         self, job: TextJob, response: GenerateTokensResponse
@@ -150,8 +180,10 @@ class TextOutput:
             kv_transfer_params=response.kv_transfer_params,
         )
 
-    async def stream(self, job: TextJob, source: AsyncIterator[str]) -> AsyncIterator[str]:
-        """Generate SSE events in → OpenAI SSE events out, ending in ``[DONE]``.
+    async def stream(
+        self, job: TextJob, source: AsyncIterator[str], event: ChunkEvent = openai_event
+    ) -> AsyncIterator[str]:
+        """Generate SSE events in → OpenAI chunks, written by ``event``, ending in ``[DONE]``.
 
         Error events from generate pass through unchanged; vLLM sends them as
         ``data: {"error": …}`` followed by ``[DONE]``.
@@ -175,5 +207,5 @@ class TextOutput:
             chunk = GenerateTokensStreamResponse.model_validate(payload)
             out = await feeder.feed(chunk)
             out.id = response_id
-            yield sse_event(out)
+            yield event(out)
         yield f"data: {DONE}\n\n"

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from deployments.ray_env import SERVE_ENV
 from deployments.topologies import TOPOLOGIES, app_config, gpu_topology_app
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,6 +33,8 @@ ENV = [
         "name": "HF_TOKEN",
         "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token", "optional": True}},
     },
+    # Serve reads these as each Ray process starts: set on every pod.
+    *({"name": name, "value": value} for name, value in SERVE_ENV.items()),
 ]
 
 

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import yaml
 
+from deployments.ray_env import SERVE_ENV
 from tests.support.servers import TINY_MODEL, VENV_BIN, free_port, running
 
 
@@ -50,7 +51,7 @@ def other_model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
         [str(VENV_BIN / "serve"), "run", str(config)],
         port=port,
         log_path=tmp / "serve.log",
-        env={"RAY_USAGE_STATS_ENABLED": "0"},
+        env={"RAY_USAGE_STATS_ENABLED": "0", **SERVE_ENV},
     ) as server:
         yield server.base_url
 

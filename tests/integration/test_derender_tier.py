@@ -199,3 +199,34 @@ def test_output_mode_derender_matches_tier_chat(client: httpx.Client, shape: str
         (c["name"], c["arguments"]) for c in want["tool_calls"]
     ]
     assert events[-2]["choices"][0]["finish_reason"] == got["finish_reason"]
+
+
+# U+2028, U+2029 and U+0085 end a line for ``str.splitlines`` but not for SSE,
+# and JSON writers leave them unescaped inside strings.
+UNICODE_LINE_ENDS = "a\u2028b\u2029c\u0085d"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_text_with_unicode_line_ends_streams_whole_in_derender_mode(
+    client: httpx.Client, stream: bool
+) -> None:
+    """The engine is made to write U+2028/U+2029/U+0085 (a regex grammar) and the
+    derender stream carries them as text, not as broken events."""
+    body = {
+        **SHAPES["no-thinking"],
+        "structured_outputs": {"regex": UNICODE_LINE_ENDS},
+        "max_tokens": 40,
+    }
+    request = {**rendered(client, body), "output_mode": "derender", "stream": stream}
+    response = client.post("/inference/v1/generate", json=request)
+    assert response.status_code == 200, response.text
+    if not stream:
+        assert response.json()["choices"][0]["message"]["content"] == UNICODE_LINE_ENDS
+        return
+    assert response.text.count("data: ") == len(response.text.split("\n\n")) - 1
+    events = sse_payloads(response.text)
+    assert events[-1] == "[DONE]"
+    content = "".join(
+        choice["delta"].get("content") or "" for event in events[:-1] for choice in event["choices"]
+    )
+    assert content == UNICODE_LINE_ENDS

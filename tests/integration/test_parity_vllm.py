@@ -47,6 +47,8 @@ SHAPES = {
     "stop-string": chat("What is the capital of Italy?", stop=["Rome"]),
     "no-thinking": chat("hello", chat_template_kwargs={"enable_thinking": False}),
 }
+# A wrong token's logprob, or one from another distribution, is off by far more.
+LOGPROB_TOLERANCE = 1e-3
 _ID = re.compile(r"[0-9a-f]{8,}(-[0-9a-f]{4,})*")
 
 
@@ -95,14 +97,31 @@ def unary(client: httpx.Client, body: dict[str, Any], headers: dict[str, str]) -
     result = {
         "message": normalise_message(choice["message"]),
         "finish_reason": choice["finish_reason"],
-        "usage": {k: data["usage"][k] for k in ("prompt_tokens", "completion_tokens")},
+        "usage": data["usage"],
     }
     if choice.get("logprobs"):
-        result["logprobs"] = [
-            (e["token"], e["bytes"], [(t["token"], t["bytes"]) for t in e["top_logprobs"]])
-            for e in choice["logprobs"]["content"]
-        ]
+        result["logprobs"] = [_logprob_entry(e) for e in choice["logprobs"]["content"]]
     return result
+
+
+def _logprob_entry(entry: dict[str, Any]) -> tuple[Any, ...]:
+    """A chat logprobs entry: token, bytes and logprob, and the same of each top entry."""
+    tops = [(t["token"], t["bytes"], t["logprob"]) for t in entry["top_logprobs"]]
+    return (entry["token"], entry["bytes"], entry["logprob"], tops)
+
+
+def split_logprob_values(result: dict[str, Any]) -> list[float]:
+    """Take the logprob values out of ``result`` (compared within a tolerance: the same
+    engine build, but a float need not be bit-equal across batches and CPUs)."""
+    values: list[float] = []
+    entries = []
+    for token, token_bytes, value, tops in result.get("logprobs", []):
+        values.append(value)
+        values += [t[2] for t in tops]
+        entries.append((token, token_bytes, [t[:2] for t in tops]))
+    if "logprobs" in result:
+        result["logprobs"] = entries
+    return values
 
 
 def streamed(client: httpx.Client, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
@@ -119,7 +138,7 @@ def streamed(client: httpx.Client, body: dict[str, Any], headers: dict[str, str]
         chunk = json.loads(line[6:])
         assert "error" not in chunk, chunk
         if chunk.get("usage"):
-            usage = {k: chunk["usage"][k] for k in ("prompt_tokens", "completion_tokens")}
+            usage = chunk["usage"]
         for choice in chunk["choices"]:
             delta = choice["delta"]
             if delta.get("content"):
@@ -137,10 +156,7 @@ def streamed(client: httpx.Client, body: dict[str, Any], headers: dict[str, str]
                 entry["function"]["name"] += fn.get("name") or ""
                 entry["function"]["arguments"] += fn.get("arguments") or ""
             if choice.get("logprobs"):
-                logprobs += [
-                    (e["token"], e["bytes"], [(t["token"], t["bytes"]) for t in e["top_logprobs"]])
-                    for e in choice["logprobs"]["content"]
-                ]
+                logprobs += [_logprob_entry(e) for e in choice["logprobs"]["content"]]
             finish = choice.get("finish_reason") or finish
     message = {"content": content, "reasoning": reasoning, "tool_calls": list(calls.values())}
     result = {"message": normalise_message(message), "finish_reason": finish, "usage": usage}
@@ -163,10 +179,17 @@ def test_parity_with_vllm(vllm_server: Server, client: httpx.Client, shape: str)
     assert (want_stream["message"]["content"] or "").strip() == (
         want_unary["message"]["content"] or ""
     ).strip()
+    want_values = split_logprob_values(want_unary), split_logprob_values(want_stream)
     for placement in ("inline", "tier"):
         headers = {"X-Text-Placement": placement}
-        assert unary(client, body, headers) == want_unary, placement
-        assert streamed(client, body, headers) == want_stream, placement
+        got_unary, got_stream = unary(client, body, headers), streamed(client, body, headers)
+        got_values = split_logprob_values(got_unary), split_logprob_values(got_stream)
+        assert got_unary == want_unary, placement
+        assert got_stream == want_stream, placement
+        assert got_values == (
+            pytest.approx(want_values[0], abs=LOGPROB_TOLERANCE),
+            pytest.approx(want_values[1], abs=LOGPROB_TOLERANCE),
+        ), placement
 
 
 def test_shapes_are_the_trained_ones(vllm_server: Server) -> None:
@@ -274,3 +297,144 @@ def test_a_request_the_engine_ends_with_an_error_is_answered_as_vllm_answers_it(
             headers={"X-Text-Placement": placement},
         )
         assert (got.status_code, got.json()) == (want.status_code, want.json()), placement
+
+
+def completion(prompt: str, **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": prompt, "temperature": 0, "max_tokens": 40, **extra}
+
+
+COMPLETION_SHAPES = {
+    "plain": completion("What is the weather in Paris?"),
+    "logprobs": completion("What is the capital of Italy?", logprobs=2),
+    "stop-string": completion("What is the capital of Italy?", stop=["Rome"]),
+}
+
+
+def completion_result(response: httpx.Response, stream: bool) -> tuple[dict[str, Any], list[float]]:
+    """A /v1/completions answer, streamed or not, as one comparable result, and its
+    logprob values apart (compared within LOGPROB_TOLERANCE)."""
+    assert response.status_code == 200, response.text
+    chunks = (
+        [
+            json.loads(line[6:])
+            for line in response.text.splitlines()
+            if line.startswith("data: ") and line != "data: [DONE]"
+        ]
+        if stream
+        else [response.json()]
+    )
+    text, finish, stop_reason, usage = "", None, None, None
+    tokens: list[str] = []
+    offsets: list[int] = []
+    tops: list[list[str]] = []
+    values: list[float] = []
+    for chunk in chunks:
+        assert "error" not in chunk, chunk
+        usage = chunk.get("usage") or usage
+        for choice in chunk["choices"]:
+            text += choice["text"]
+            finish = choice.get("finish_reason") or finish
+            stop_reason = choice.get("stop_reason") or stop_reason
+            logprobs = choice.get("logprobs")
+            if logprobs:
+                tokens += logprobs["tokens"]
+                offsets += logprobs["text_offset"]
+                values += logprobs["token_logprobs"]
+                for top in logprobs["top_logprobs"]:
+                    tops.append(sorted(top))
+                    values += [top[k] for k in sorted(top)]
+    result = {
+        "text": text,
+        "finish_reason": finish,
+        "stop_reason": stop_reason,
+        "usage": usage,
+        "tokens": tokens,
+        "text_offset": offsets,
+        "top_tokens": tops,
+    }
+    return result, values
+
+
+@pytest.mark.parametrize("shape", list(COMPLETION_SHAPES))
+def test_completions_parity_with_vllm(
+    vllm_server: Server, client: httpx.Client, shape: str
+) -> None:
+    """/v1/completions, unary and streamed, inline and tier: vLLM's text, finish and
+    stop reasons, usage and logprobs (tokens, offsets, top tokens and values)."""
+    body = COMPLETION_SHAPES[shape]
+    stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.Client(base_url=vllm_server.base_url, timeout=120) as reference:
+        want = {
+            False: completion_result(reference.post("/v1/completions", json=body), False),
+            True: completion_result(reference.post("/v1/completions", json=stream_body), True),
+        }
+    assert want[False][0]["text"], "vLLM answered no text: the shape tests nothing"
+    for placement in ("inline", "tier"):
+        headers = {"X-Text-Placement": placement}
+        for stream, sent in ((False, body), (True, stream_body)):
+            got, values = completion_result(
+                client.post("/v1/completions", json=sent, headers=headers), stream
+            )
+            assert got == want[stream][0], (placement, stream)
+            assert values == pytest.approx(want[stream][1], abs=LOGPROB_TOLERANCE)
+
+
+DERENDER_SHAPES = ("chat", "reasoning", "tools-auto", "reasoning+tool", "no-thinking")
+
+
+def derender_mode(client: httpx.Client, body: dict[str, Any], stream: bool) -> dict[str, Any]:
+    """Render a chat request, then ``/inference/v1/generate`` with ``output_mode:
+    "derender"``; the parsed message and finish reason, as ``unary``/``streamed`` give."""
+    rendered = client.post("/v1/chat/completions/render", json=body)
+    assert rendered.status_code == 200, rendered.text
+    request = {**rendered.json(), "output_mode": "derender", "stream": stream}
+    response = client.post("/inference/v1/generate", json=request)
+    assert response.status_code == 200, response.text
+    if not stream:
+        choice = response.json()["choices"][0]
+        return {
+            "message": normalise_message(choice["message"]),
+            "finish_reason": choice["finish_reason"],
+        }
+    content: str | None = None
+    reasoning: str | None = None
+    calls: dict[int, dict[str, Any]] = {}
+    finish = None
+    for line in response.text.splitlines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        assert chunk.get("output_mode") == "derender", chunk
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            content = (content or "") + delta["content"] if delta.get("content") else content
+            if delta.get("reasoning"):
+                reasoning = (reasoning or "") + delta["reasoning"]
+            for call in delta.get("tool_calls") or []:
+                entry = calls.setdefault(
+                    call["index"], {"id": "", "function": {"name": "", "arguments": ""}}
+                )
+                entry["id"] = call.get("id") or entry["id"]
+                entry["type"] = call.get("type") or entry.get("type")
+                fn = call.get("function") or {}
+                entry["function"]["name"] += fn.get("name") or ""
+                entry["function"]["arguments"] += fn.get("arguments") or ""
+            finish = choice.get("finish_reason") or finish
+    message = {"content": content, "reasoning": reasoning, "tool_calls": list(calls.values())}
+    return {"message": normalise_message(message), "finish_reason": finish}
+
+
+@pytest.mark.parametrize("shape", DERENDER_SHAPES)
+def test_output_mode_derender_parity_with_vllm_chat(
+    vllm_server: Server, client: httpx.Client, shape: str
+) -> None:
+    """render → generate(``output_mode: "derender"``) gives the message vLLM's own
+    ``/v1/chat/completions`` gives for the same request (vLLM 0.32 has no derender
+    mode; its chat server is the oracle for what the parsers must make of the tokens)."""
+    body = SHAPES[shape]
+    with httpx.Client(base_url=vllm_server.base_url, timeout=120) as reference:
+        want_unary = unary(reference, body, {})
+        want_stream = streamed(reference, body, {})
+    for stream, want in ((False, want_unary), (True, want_stream)):
+        want = {k: want[k] for k in ("message", "finish_reason")}
+        assert derender_mode(client, body, stream) == want, stream

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 import httpx
@@ -16,9 +17,12 @@ HI = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 
 
 def sse_payloads(body: str) -> list[Any]:
-    """``data:`` payloads of an SSE body, ``[DONE]`` kept as the string."""
+    """``data:`` payloads of an SSE body, ``[DONE]`` kept as the string.
+
+    Split on SSE's line ends only: ``str.splitlines`` would also split JSON text
+    holding U+2028 and kin."""
     out: list[Any] = []
-    for line in body.splitlines():
+    for line in re.split(r"\r\n|\r|\n", body):
         if line.startswith("data: "):
             data = line[len("data: ") :]
             out.append(data if data == "[DONE]" else json.loads(data))

@@ -22,6 +22,8 @@ import httpx
 import psutil
 import yaml
 
+from deployments.ray_env import SERVE_ENV
+
 # The environment before any test module imports vLLM: importing it rewrites
 # os.environ (LD_PRELOAD, VLLM_*, thread settings), and servers started from a
 # polluted environment behave unlike servers a user starts. tests/conftest.py
@@ -142,9 +144,15 @@ def serve_config(port: int, apps: dict[str, tuple[str, dict[str, Any]]]) -> dict
 
 @contextlib.contextmanager
 def running_graph(
-    tmp_dir: Path, apps: dict[str, tuple[str, dict[str, Any]]], timeout_s: float = 420
+    tmp_dir: Path,
+    apps: dict[str, tuple[str, dict[str, Any]]],
+    timeout_s: float = 420,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Server]:
-    """``serve run`` a config of our graph on a free port; /health of every app up."""
+    """``serve run`` a config of our graph on a free port; /health of every app up.
+
+    The graph runs with the product's Serve switches (``deployments.ray_env``);
+    ``env`` adds or overrides variables of every Ray process (``serve run`` starts Ray)."""
     port = free_port()
     config_path = tmp_dir / "serve.yaml"
     config_path.write_text(yaml.safe_dump(serve_config(port, apps)))
@@ -154,7 +162,7 @@ def running_graph(
         port=port,
         log_path=tmp_dir / "serve.log",
         health_paths=health,
-        env={"RAY_USAGE_STATS_ENABLED": "0"},
+        env={"RAY_USAGE_STATS_ENABLED": "0", **SERVE_ENV, **(env or {})},
         timeout_s=timeout_s,
     ) as server:
         yield server

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 
 from fastapi.responses import StreamingResponse
 from ray.exceptions import ActorDiedError, RayTaskError
 from ray.serve.exceptions import BackPressureError
-from vllm.exceptions import GenerationError, RetryableRequestError
+from vllm.exceptions import GenerationError, RetryableRequestError, VLLMValidationError
 
 from deployments.http_io import respond
 from deployments.sse import DONE, sse_data
@@ -89,13 +90,26 @@ def test_a_request_its_engine_ended_is_vllms_own_answer_without_cleanup() -> Non
     """vLLM's server answers a request whose engine ended it with an error
     (``finish_reason: "error"``) 500, or 503 when it is retryable; nothing is left
     running, so nothing is aborted."""
-    for cause, status in ((GenerationError(), 500), (RetryableRequestError(), 503)):
+    cases = ((GenerationError(), 500), (RetryableRequestError(), 503))
+    for (cause, status), wrapped in itertools.product(cases, (True, False)):
         failures: list[str] = []
-        failed = RayTaskError("generate", "traceback", cause)
+        # Over the object store Ray wraps what the tier raised; over gRPC it does not.
+        failed = RayTaskError("generate", "traceback", cause) if wrapped else cause
         code, body = asyncio.run(body_of(Call([], failed), failures))
         error = json.loads(body)["error"]
         assert (code, error["code"], error["message"]) == (status, status, str(cause))
         assert error["type"] == (
             "InternalServerError" if status == 500 else "ServiceUnavailableError"
         )
+        assert failures == []
+
+
+def test_bad_input_a_tier_raised_is_a_400_however_it_travelled() -> None:
+    """vLLM's validation errors raised in a tier are vLLM's 400, wrapped in a
+    ``RayTaskError`` (object store) or not (Serve's gRPC data plane)."""
+    cause = VLLMValidationError("logprobs too many", parameter="logprobs")
+    for failed in (RayTaskError("generate", "traceback", cause), cause):
+        failures: list[str] = []
+        code, body = asyncio.run(body_of(Call([], failed), failures))
+        assert (code, json.loads(body)["error"]["type"]) == (400, "BadRequestError")
         assert failures == []

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from pydantic import BaseModel
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionStreamResponse
+from vllm.entrypoints.serve.engine.protocol import UsageInfo
 
 from deployments.sse import DONE, sse_data, sse_event, sse_payloads
+from deployments.text_output import openai_event
 
 # Line separators that are not SSE line ends; JSON escapes control characters but
 # pydantic and json.dumps(ensure_ascii=False) leave these raw inside strings.
@@ -25,3 +28,17 @@ def test_text_with_unicode_line_separators_is_one_event() -> None:
 def test_sse_line_ends_and_comments() -> None:
     text = 'data: {"a": 1}\r\n\r\n: comment\rdata:{"b": 2}\n\ndata: [DONE]\n\n'
     assert list(sse_payloads(text)) == [{"a": 1}, {"b": 2}, DONE]
+
+
+def test_the_final_usage_chunk_is_written_without_nulls_as_vllm_writes_it() -> None:
+    """vLLM dumps its last chunk (usage, no choices) with ``exclude_none``; the
+    others keep their null fields."""
+    usage = UsageInfo(prompt_tokens=3, completion_tokens=2, total_tokens=5)
+    final = ChatCompletionStreamResponse(id="c", model="m", choices=[], usage=usage)
+    payload = next(iter(sse_payloads(openai_event(final))))
+    assert isinstance(payload, dict)
+    assert payload["usage"] == {"prompt_tokens": 3, "total_tokens": 5, "completion_tokens": 2}
+    assert None not in payload.values()
+    step = ChatCompletionStreamResponse(id="c", model="m", choices=[])
+    payload = next(iter(sse_payloads(openai_event(step))))
+    assert isinstance(payload, dict) and payload["usage"] is None

@@ -1,0 +1,378 @@
+"""CPU per output token: vLLM's own server against the graph, same paced load, one run.
+
+    python -m bench.hostcpu --out docs/transport-benchmark.md
+
+vLLM's coupled OpenAI server (``python -m vllm.entrypoints.openai.api_server``)
+and then the graph (``serve run`` of one app, one Generate and one Derender
+replica) serve the same model with the same parsers. Every engine step is held
+``--pace-ms`` by the test logits processor (``tests/support/paced_decode.py``,
+a sleep: a GPU-like pace that costs no CPU). ``--streams`` chat streams of
+``--tokens`` tokens each (``ignore_eos``) run at once against:
+
+- ``vllm``: vLLM's server;
+- ``tokens``: the graph's ``/inference/v1/generate``, token ids in and out
+  (rendered once beforehand, so no Render work is counted);
+- ``inline`` / ``tier``: the graph's ``/v1/chat/completions`` with text made
+  next to the engine or in the Derender tier.
+
+CPU is read from the process table before and after each load: for vLLM, its
+server process and children (the engine core); for the graph, every process
+under ``serve run`` (Ray's own included), and per tier the replica process
+trees (``bench.observe``). ``--graph-env K=V`` sets environment variables on
+``serve run`` (Ray's and Serve's switches reach every replica from there);
+``--variant NAME:K=V,...`` runs the graph modes once more under other
+switches, side by side in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from bench.observe import sample
+from tests.support.servers import REPO, TINY_MODEL, Server, free_port, running, running_graph
+
+PACED = "tests.support.paced_decode:PacedDecode"
+PROMPTS = [
+    "think: what is 2 plus 3?",
+    "What is the weather in Paris?",
+    "hello",
+    "What is the capital of Japan?",
+]
+GRAPH_ARGS: dict[str, Any] = {
+    "model": str(TINY_MODEL),
+    "reasoning_parser": "qwen3",
+    "tool_call_parser": "hermes",
+    "max_model_len": 4096,
+    "kv_cache_gib": 2,
+    "logits_processors": [PACED],
+    "generate": {"num_replicas": 1},
+    "derender": {"num_replicas": 1},
+}
+GRAPH_MODES = ("tokens", "inline", "tier")
+ENGINE_CORE = "EngineCore"  # vLLM titles its engine core process VLLM::EngineCore
+TIERS = ("Generate", "Derender", "Ingress", "proxy", "Render")
+
+
+@dataclass
+class Load:
+    streams: int
+    tokens: int
+    pace_ms: float
+
+    def chat(self, i: int) -> dict[str, Any]:
+        return {
+            "model": str(TINY_MODEL),
+            "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+            "max_tokens": self.tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "vllm_xargs": {"pace_ms": self.pace_ms},
+        }
+
+
+@dataclass
+class Result:
+    mode: str
+    tokens: int
+    wall_s: float
+    cpu_s: float
+    """Every process of the server."""
+    engine_core_s: float
+    """vLLM's engine core processes (the model and scheduler; no serving work)."""
+    tiers: dict[str, float]
+    """CPU seconds per tier (the graph's replicas and proxy)."""
+
+    def per_token_ms(self, cpu_s: float) -> float:
+        return cpu_s / self.tokens * 1000
+
+    @property
+    def generate_host_s(self) -> float:
+        return self.tiers.get("Generate", self.cpu_s)
+
+
+def tree_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) of ``pid`` and every descendant alive now, and
+    of the vLLM engine cores among them."""
+    root = psutil.Process(pid)
+    total = engine = 0.0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+            title = " ".join(process.cmdline()) or process.name()
+        except psutil.Error:
+            continue
+        cpu = times.user + times.system + times.children_user + times.children_system
+        total += cpu
+        engine += cpu if ENGINE_CORE in title else 0.0
+    return total, engine
+
+
+async def _chat_stream(
+    client: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str]
+) -> int:
+    """One streamed chat; its completion tokens, from the final usage chunk."""
+    tokens = 0
+    async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as reply:
+        reply.raise_for_status()
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(f"stream failed: {chunk}")
+            if chunk.get("usage"):
+                tokens = int(chunk["usage"]["completion_tokens"])
+    return tokens
+
+
+async def _tokens_stream(client: httpx.AsyncClient, body: dict[str, Any]) -> int:
+    """One streamed ``/inference/v1/generate``; the token ids it returned."""
+    tokens = 0
+    async with client.stream("POST", "/inference/v1/generate", json=body) as reply:
+        reply.raise_for_status()
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(f"stream failed: {chunk}")
+            tokens += sum(len(c.get("token_ids") or []) for c in chunk["choices"])
+    return tokens
+
+
+async def _rendered(client: httpx.AsyncClient, load: Load) -> list[dict[str, Any]]:
+    """Generate bodies for the ``tokens`` mode, rendered by the graph before the clock."""
+    bodies = []
+    for i in range(load.streams):
+        chat = {k: v for k, v in load.chat(i).items() if k not in ("stream", "stream_options")}
+        reply = await client.post("/v1/chat/completions/render", json=chat)
+        reply.raise_for_status()
+        body = reply.json()
+        body.pop("parse_context", None)
+        body["request_id"] = f"hostcpu-{time.monotonic_ns()}-{i}"
+        body["stream"] = True
+        body["sampling_params"].update(
+            max_tokens=load.tokens, ignore_eos=True, extra_args={"pace_ms": load.pace_ms}
+        )
+        bodies.append(body)
+    return bodies
+
+
+async def _run_load(base_url: str, load: Load, mode: str) -> tuple[int, float]:
+    """``load`` against one server in one mode; (tokens delivered, wall seconds)."""
+    limits = httpx.Limits(max_connections=load.streams + 4)
+    async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits) as client:
+        if mode == "tokens":
+            bodies = await _rendered(client, load)
+            start = time.perf_counter()
+            counts = await asyncio.gather(*(_tokens_stream(client, b) for b in bodies))
+        else:
+            headers = {} if mode == "vllm" else {"X-Text-Placement": mode}
+            start = time.perf_counter()
+            counts = await asyncio.gather(
+                *(_chat_stream(client, load.chat(i), headers) for i in range(load.streams))
+            )
+        wall = time.perf_counter() - start
+    if list(counts) != [load.tokens] * load.streams:
+        raise RuntimeError(f"{mode}: streams delivered {counts}, not {load.tokens} each")
+    return sum(counts), wall
+
+
+def measure(server: Server, load: Load, mode: str, port: int | None) -> Result:
+    """Warm the path up, then run ``load`` once and read the CPU it took."""
+    warm = Load(streams=min(4, load.streams), tokens=16, pace_ms=0)
+    asyncio.run(_run_load(server.base_url, warm, mode))
+    assert server.process is not None
+    pid = server.process.pid
+    before_tiers = sample(0, "default", port) if port is not None else None
+    before, before_engine = tree_cpu_s(pid)
+    tokens, wall = asyncio.run(_run_load(server.base_url, load, mode))
+    after, after_engine = tree_cpu_s(pid)
+    tiers: dict[str, float] = {}
+    if before_tiers is not None and port is not None:
+        after_tiers = sample(0, "default", port)
+        for process_id, (tier, value) in after_tiers.cpu_s.items():
+            start = before_tiers.cpu_s.get(process_id, (tier, 0.0))[1]
+            tiers[tier] = tiers.get(tier, 0.0) + value - start
+    return Result(mode, tokens, wall, after - before, after_engine - before_engine, tiers)
+
+
+@contextmanager
+def vllm_server(work: Path) -> Iterator[Server]:
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(TINY_MODEL), "--host", "127.0.0.1", "--port", str(port),
+        "--max-model-len", "4096",
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+        "--reasoning-parser", "qwen3",
+        "--logits-processors", PACED,
+    ]  # fmt: skip
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": "2",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "PYTHONPATH": str(REPO),
+    }
+    with running(argv, port=port, log_path=work / "vllm.log", env=env) as server:
+        yield server
+
+
+def run_graph_modes(
+    work: Path, load: Load, env: dict[str, str], modes: list[str], label: str
+) -> list[Result]:
+    apps = {"default": ("/", GRAPH_ARGS)}
+    graph_dir = work / f"graph-{label}"
+    graph_dir.mkdir()
+    results = []
+    with running_graph(graph_dir, apps, env=env) as server:
+        port = int(server.base_url.rsplit(":", 1)[1])
+        for mode in modes:
+            result = measure(server, load, mode, port)
+            result.mode = f"{label} {mode}" if label else mode
+            results.append(result)
+            print(_row(result), flush=True)
+    return results
+
+
+def _row(r: Result) -> str:
+    tiers = " | ".join(f"{r.per_token_ms(r.tiers[t]):.2f}" if t in r.tiers else "–" for t in TIERS)
+    return (
+        f"| {r.mode} | {r.tokens} | {r.per_token_ms(r.cpu_s):.2f} "
+        f"| {r.per_token_ms(r.generate_host_s):.2f} | {r.per_token_ms(r.engine_core_s):.2f} "
+        f"| {tiers} | {r.wall_s:.1f} |"
+    )
+
+
+def _ratio(results: dict[str, Result], a: str, b: str, of: Callable[[Result], float]) -> str:
+    if a not in results or b not in results:
+        return "–"
+    return f"{of(results[a]) / of(results[b]):.2f}×"
+
+
+def targets(results: list[Result], label: str) -> list[str]:
+    """The issue's targets, as ratios between rows of this run."""
+    by = {r.mode: r for r in results}
+    p = f"{label} " if label else ""
+
+    def total(r: Result) -> float:
+        return r.cpu_s / r.tokens
+
+    def host(r: Result) -> float:
+        return r.generate_host_s / r.tokens
+
+    def tiers(r: Result) -> float:
+        return sum(r.tiers.values()) / r.tokens
+
+    def wall(r: Result) -> float:
+        return r.wall_s
+
+    rows = [
+        ("graph CPU/token, inline ÷ vLLM", f"{p}inline", "vllm", total, "≤ 1.2×"),
+        ("graph CPU/token, tier ÷ vLLM", f"{p}tier", "vllm", total, "≤ 1.35×"),
+        ("Generate host CPU/token, tier ÷ tokens", f"{p}tier", f"{p}tokens", host, "≤ 1.05×"),
+        ("Generate host CPU/token, tier ÷ inline", f"{p}tier", f"{p}inline", host, "≤ 0.85×"),
+        ("all tiers CPU/token, tier ÷ inline", f"{p}tier", f"{p}inline", tiers, "≤ 1.15×"),
+        ("wall, inline ÷ vLLM", f"{p}inline", "vllm", wall, "≤ 1.1×"),
+        ("wall, tier ÷ vLLM", f"{p}tier", "vllm", wall, "≤ 1.1×"),
+    ]
+    return [
+        f"| {label or 'default'} | {name} | {_ratio(by, a, b, of)} | {goal} |"
+        for name, a, b, of, goal in rows
+    ]
+
+
+def report(args: argparse.Namespace, results: list[Result], labels: list[str]) -> str:
+    head = (
+        "| run | tokens | CPU ms/token, all processes | Generate host | of which engine core | "
+        + " | ".join(TIERS)
+        + " | wall s |"
+    )
+    lines = [
+        "# Host CPU per output token: vLLM's server and the graph",
+        "",
+        f"`{' '.join(['python -m bench.hostcpu', *sys.argv[1:]])}`",
+        "",
+        f"Host: {platform.machine()}, {psutil.cpu_count()} CPUs; {args.streams} chat streams "
+        f"of {args.tokens} tokens at once, engine step held {args.pace_ms:g} ms; "
+        "one Generate and one Derender replica; each row warmed up, then run once.",
+        "",
+        "CPU milliseconds per output token. *All processes*: vLLM's server and its engine "
+        "core; for the graph, every process under `serve run` (Ray's own included). "
+        "*Generate host*: vLLM's whole server, or the graph's Generate replica with its "
+        "engine core; *engine core*: vLLM's `EngineCore` process alone (model and "
+        "scheduler, the same in every row). The tier columns are the graph's replica "
+        "process trees and Serve's HTTP proxy.",
+        "",
+        head,
+        "|" + "---|" * (head.count("|") - 1),
+        *(_row(r) for r in results),
+        "",
+        "Targets (issue 13), as ratios between rows of this run:",
+        "",
+        "| graph | ratio | measured | target |",
+        "|---|---|---|---|",
+    ]
+    for label in labels:
+        lines += targets(results, label)
+    return "\n".join(lines) + "\n"
+
+
+def _env_pairs(text: str) -> dict[str, str]:
+    return dict(pair.split("=", 1) for pair in text.split(",") if pair)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--streams", type=int, default=24)
+    parser.add_argument("--tokens", type=int, default=256, help="output tokens per stream")
+    parser.add_argument("--pace-ms", type=float, default=15, help="engine step (ms)")
+    parser.add_argument("--modes", default="vllm,tokens,inline,tier")
+    parser.add_argument("--graph-env", default="", help="K=V,... set on `serve run` for the graph")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME:K=V,... also run the graph modes with these variables (repeatable)",
+    )
+    parser.add_argument("--out", type=Path, default=None, help="write a markdown report here")
+    args = parser.parse_args()
+    load = Load(args.streams, args.tokens, args.pace_ms)
+    modes = args.modes.split(",")
+    graph_modes = [m for m in modes if m in GRAPH_MODES]
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory(prefix="hostcpu-") as tmp:
+        work = Path(tmp)
+        if "vllm" in modes:
+            with vllm_server(work) as server:
+                results.append(measure(server, load, "vllm", None))
+                print(_row(results[-1]), flush=True)
+        runs = [("", _env_pairs(args.graph_env))]
+        for variant in args.variant:
+            name, _, pairs = variant.partition(":")
+            runs.append((name, {**_env_pairs(args.graph_env), **_env_pairs(pairs)}))
+        for label, env in runs:
+            if graph_modes:
+                results += run_graph_modes(work, load, env, graph_modes, label)
+    text = report(args, results, [label for label, _ in runs])
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
