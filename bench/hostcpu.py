@@ -315,7 +315,7 @@ def report(args: argparse.Namespace, results: list[Result], labels: list[str]) -
         "core; for the graph, every process under `serve run` (Ray's own included). "
         "*Generate host*: vLLM's whole server, or the graph's Generate replica with its "
         "engine core; *engine core*: vLLM's `EngineCore` process alone (model and "
-        "scheduler, the same in every row). The tier columns are the graph's replica "
+        "scheduler, no serving work). The tier columns are the graph's replica "
         "process trees and Serve's HTTP proxy.",
         "",
         head,
