@@ -11,6 +11,8 @@ BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
 export VLLM_CPU_KVCACHE_SPACE ?= 2
 # Serve's switches, read as each Ray process starts (deployments/ray_env.py says why).
 export RAY_SERVE_THROUGHPUT_OPTIMIZED ?= 1
+export RAY_SERVE_ENABLE_DIRECT_INGRESS ?= 0
+export RAY_SERVE_LOG_TO_STDERR ?= 1
 
 .PHONY: install run test test-unit test-integration test-e2e lint typecheck check model model-check k8s clean
 

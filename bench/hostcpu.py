@@ -232,6 +232,26 @@ def vllm_server(work: Path) -> Iterator[Server]:
         yield server
 
 
+def measure_vllm(work: Path, load: Load, label: str) -> Result:
+    with vllm_server(work) as server:
+        result = measure(server, load, "vllm", None)
+    result.mode = label
+    print(_row(result), flush=True)
+    return result
+
+
+def combined(results: list[Result], label: str) -> Result:
+    """Several runs of one server as one: CPU and tokens summed, wall averaged."""
+    return Result(
+        mode=label,
+        tokens=sum(r.tokens for r in results),
+        wall_s=sum(r.wall_s for r in results) / len(results),
+        cpu_s=sum(r.cpu_s for r in results),
+        engine_core_s=sum(r.engine_core_s for r in results),
+        tiers={},
+    )
+
+
 def run_graph_modes(
     work: Path, load: Load, env: dict[str, str], modes: list[str], label: str
 ) -> list[Result]:
@@ -311,6 +331,8 @@ def report(args: argparse.Namespace, results: list[Result], labels: list[str]) -
         f"of {args.tokens} tokens at once, engine step held {args.pace_ms:g} ms; "
         "one Generate and one Derender replica; each row warmed up, then run once.",
         "",
+        "*vllm*: its server measured before and after the graph rows, and both together "
+        "(CPU and tokens summed, wall averaged), which the targets use. "
         "CPU milliseconds per output token. *All processes*: vLLM's server and its engine "
         "core; for the graph, every process under `serve run` (Ray's own included). "
         "*Generate host*: vLLM's whole server, or the graph's Generate replica with its "
@@ -357,17 +379,21 @@ def main() -> None:
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="hostcpu-") as tmp:
         work = Path(tmp)
-        if "vllm" in modes:
-            with vllm_server(work) as server:
-                results.append(measure(server, load, "vllm", None))
-                print(_row(results[-1]), flush=True)
         runs = [("", _env_pairs(args.graph_env))]
         for variant in args.variant:
             name, _, pairs = variant.partition(":")
             runs.append((name, {**_env_pairs(args.graph_env), **_env_pairs(pairs)}))
+        # vLLM's server before and after the graph runs: the spread between the two
+        # is this shared host's noise over the run; the targets use both together.
+        references: list[Result] = []
+        if "vllm" in modes:
+            references.append(measure_vllm(work, load, "vllm, before"))
         for label, env in runs:
             if graph_modes:
                 results += run_graph_modes(work, load, env, graph_modes, label)
+        if "vllm" in modes:
+            references.append(measure_vllm(work, load, "vllm, after"))
+            results = [*references, combined(references, "vllm"), *results]
     text = report(args, results, [label for label, _ in runs])
     print(text)
     if args.out is not None:

@@ -8,11 +8,23 @@ start their graphs with them. One place, so all of those run the same graph.
 ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1`` (Ray 2.60): user code and the handle's
 router on the replica's own event loop rather than a second thread and loop,
 replica-to-replica calls over Serve's gRPC data plane (by value, not through
-the object store), buffered request logs, direct ingress. Measured with
-``python -m bench.hostcpu`` (docs/transport-benchmark.md): it takes the
-graph's CPU per token with tier text from 1.69× vLLM's own server to 1.10×.
+the object store), buffered request logs. Measured with
+``python -m bench.hostcpu`` (docs/transport-benchmark.md): it took the
+graph's CPU per token with tier text from 1.89× vLLM's own server to 1.33×.
 """
 
 from __future__ import annotations
 
-SERVE_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+SERVE_ENV = {
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+    # Direct ingress (on with the above) gives each Ingress replica its own HTTP port
+    # for an HAProxy in front; clients here and on KubeRay reach the graph through
+    # Serve's proxy, which stays in the path either way. It also holds every Ingress
+    # replica's shutdown for at least 35 s (its minimum draining period): a Ctrl-C
+    # of `make run`, a redeploy or a scale-in would wait that long for nothing.
+    "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0",
+    # Replica logs stay on stderr (off with the above), so they reach `serve run`'s
+    # output and `kubectl logs` as before: a replica that exits says why there.
+    # Serve writes a line per request, not per token.
+    "RAY_SERVE_LOG_TO_STDERR": "1",
+}
