@@ -33,7 +33,7 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,12 +122,11 @@ def tree_cpu_s(pid: int) -> tuple[float, float]:
     return total, engine
 
 
-async def _chat_stream(
-    client: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str]
-) -> int:
-    """One streamed chat; its completion tokens, from the final usage chunk."""
-    tokens = 0
-    async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as reply:
+async def _chunks(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any], headers: dict[str, str]
+) -> AsyncIterator[dict[str, Any]]:
+    """The JSON chunks of one streamed POST; an error event fails the run."""
+    async with client.stream("POST", path, json=body, headers=headers) as reply:
         reply.raise_for_status()
         async for line in reply.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -135,23 +134,25 @@ async def _chat_stream(
             chunk = json.loads(line[6:])
             if "error" in chunk:
                 raise RuntimeError(f"stream failed: {chunk}")
-            if chunk.get("usage"):
-                tokens = int(chunk["usage"]["completion_tokens"])
+            yield chunk
+
+
+async def _chat_stream(
+    client: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str]
+) -> int:
+    """One streamed chat; its completion tokens, from the final usage chunk."""
+    tokens = 0
+    async for chunk in _chunks(client, "/v1/chat/completions", body, headers):
+        if chunk.get("usage"):
+            tokens = int(chunk["usage"]["completion_tokens"])
     return tokens
 
 
 async def _tokens_stream(client: httpx.AsyncClient, body: dict[str, Any]) -> int:
     """One streamed ``/inference/v1/generate``; the token ids it returned."""
     tokens = 0
-    async with client.stream("POST", "/inference/v1/generate", json=body) as reply:
-        reply.raise_for_status()
-        async for line in reply.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(f"stream failed: {chunk}")
-            tokens += sum(len(c.get("token_ids") or []) for c in chunk["choices"])
+    async for chunk in _chunks(client, "/inference/v1/generate", body, {}):
+        tokens += sum(len(c.get("token_ids") or []) for c in chunk["choices"])
     return tokens
 
 
