@@ -7,6 +7,7 @@ nothing in the graph may be hard-wired to the embedded default.
 from __future__ import annotations
 
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,14 +16,28 @@ import pytest
 import yaml
 
 from deployments.ray_env import SERVE_ENV
+from tests.integration.test_parity_vllm import (
+    LOGPROB_TOLERANCE,
+    split_logprob_values,
+    streamed,
+    unary,
+)
 from tests.support.servers import TINY_MODEL, VENV_BIN, free_port, running
 
 
 @pytest.fixture(scope="module")
-def other_model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    tmp = tmp_path_factory.mktemp("other")
-    model = tmp / "some-other-model"
+def other_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model = tmp_path_factory.mktemp("model") / "some-other-model"
     shutil.copytree(TINY_MODEL, model)
+    return model
+
+
+@pytest.fixture(scope="module")
+def other_model_server(
+    tmp_path_factory: pytest.TempPathFactory, other_model: Path
+) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("other")
+    model = other_model
     port = free_port()
     # `serve run IMPORT_PATH key=value …` binds Serve's default port, so the
     # same builder is driven through a config file that sets a free port.
@@ -80,3 +95,49 @@ def test_max_model_len_reaches_the_engine(other_model_server: str) -> None:
     listing = httpx.get(f"{other_model_server}/v1/models", timeout=30).json()
     assert listing["data"][0]["max_model_len"] == 1024
     assert Path(listing["data"][0]["root"]).name == "some-other-model"
+
+
+@pytest.fixture(scope="module")
+def vllm_without_parsers(
+    tmp_path_factory: pytest.TempPathFactory, other_model: Path
+) -> Iterator[str]:
+    """vLLM's own server for the same model and flags as this graph: no parsers."""
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(other_model), "--served-model-name", "other",
+        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024",
+    ]  # fmt: skip
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    with running(argv, port=port, log_path=log, env=env) as server:
+        yield server.base_url
+
+
+@pytest.mark.parametrize("prompt", ["hi", "think: what is 2 plus 3?"])
+def test_chat_without_parsers_equals_vllm(
+    other_model_server: str, vllm_without_parsers: str, prompt: str
+) -> None:
+    """Plain chat (no reasoning or tool parser: the stream derenderer's plain path),
+    unary and streamed, inline and tier, equals vLLM's server with the same flags:
+    content, finish reason, usage, logprobs."""
+    body = {
+        "model": "other",
+        "messages": [{"role": "user", "content": prompt}],
+        "temperature": 0,
+        "max_tokens": 40,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    with httpx.Client(base_url=vllm_without_parsers, timeout=120) as reference:
+        want = unary(reference, body, {}), streamed(reference, body, {})
+    want_values = [split_logprob_values(w) for w in want]
+    assert want[0]["message"]["content"], "vLLM answered no content: the case tests nothing"
+    with httpx.Client(base_url=other_model_server, timeout=120) as client:
+        for placement in ("inline", "tier"):
+            headers = {"X-Text-Placement": placement}
+            got = unary(client, body, headers), streamed(client, body, headers)
+            got_values = [split_logprob_values(g) for g in got]
+            assert got == want, placement
+            for values, wanted in zip(got_values, want_values, strict=True):
+                assert values == pytest.approx(wanted, abs=LOGPROB_TOLERANCE), placement
