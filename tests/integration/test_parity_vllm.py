@@ -339,10 +339,12 @@ def completion_result(response: httpx.Response, stream: bool) -> tuple[dict[str,
             if logprobs:
                 tokens += logprobs["tokens"]
                 offsets += logprobs["text_offset"]
-                values += logprobs["token_logprobs"]
-                for top in logprobs["top_logprobs"]:
+                # Per token, so that how a stream is cut into chunks does not matter.
+                for value, top in zip(
+                    logprobs["token_logprobs"], logprobs["top_logprobs"], strict=True
+                ):
                     tops.append(sorted(top))
-                    values += [top[k] for k in sorted(top)]
+                    values += [value, *(top[k] for k in sorted(top))]
     result = {
         "text": text,
         "finish_reason": finish,
