@@ -154,24 +154,24 @@ class ChatStreamDerenderer:
     def _choice(self, index: int) -> _ParsedChoice:
         state = self._choices.get(index)
         if state is None:
-            if self._template_kwargs is None:
-                self._template_kwargs = self._derenderer._resolve_chat_template_kwargs(
-                    self._request
-                )
-            assert self._derenderer.parser is not None
-            tools: Any = self._request.tools  # vLLM passes chat tools here too
-            parser = self._derenderer.parser(
-                self._tokenizer,
-                tools,
-                chat_template_kwargs=self._template_kwargs,
-                model_config=self._derenderer.model_config,
-            )
             detok = _seed_stream_state(
                 self._tokenizer, self._prompt_token_ids, skip_special_tokens=self._skip_special
             )
             holdback = self._new_holdback()
-            state = self._choices[index] = _ParsedChoice(parser, detok, holdback)
+            state = self._choices[index] = _ParsedChoice(self._new_parser(), detok, holdback)
         return state
+
+    def _new_parser(self) -> Parser:
+        if self._template_kwargs is None:
+            self._template_kwargs = self._derenderer._resolve_chat_template_kwargs(self._request)
+        assert self._derenderer.parser is not None
+        tools: Any = self._request.tools  # vLLM passes chat tools here too
+        return self._derenderer.parser(
+            self._tokenizer,
+            tools,
+            chat_template_kwargs=self._template_kwargs,
+            model_config=self._derenderer.model_config,
+        )
 
     def feed_parsed(self, chunk: GenerateTokensStreamResponse) -> ChatCompletionStreamResponse:
         """The parsed path: one ``parse_delta`` per engine chunk, no replay."""
@@ -251,13 +251,25 @@ class ChatStreamDerenderer:
         )
 
     def _reasoning_tokens(self, chunk: GenerateTokensStreamResponse) -> int | None:
-        """Reasoning tokens for the chunk's usage, counted as vLLM's chat server
-        counts them: of the chunk's choice (continuous usage), or of all choices."""
+        """Reasoning tokens for the chunk's usage.
+
+        Continuous usage (a choice's chunk) reads the stream parser's running
+        count, as vLLM's chat server does. The final usage is counted over each
+        choice's whole output by a fresh parser, as vLLM counts a unary
+        response: the running count of vLLM's engine-based parsers follows how
+        tokens happened to be grouped into chunks (and stop-string holdback
+        shifts text against ids), so under load the same output streamed twice
+        could report different counts.
+        """
         if chunk.usage is None or not self._counts_reasoning:
             return None
-        choices = [self._choices[c.index] for c in chunk.choices] or self._choices.values()
+        if chunk.choices:
+            choices = [self._choices[c.index] for c in chunk.choices]
+            return sum(c.parser.count_reasoning_tokens(tuple(c.generated)) for c in choices)
         return sum(
-            c.parser.count_reasoning_tokens(tuple(c.generated)) for c in choices if c.generated
+            self._new_parser().count_reasoning_tokens(tuple(c.generated))
+            for c in self._choices.values()
+            if c.generated
         )
 
 

@@ -132,3 +132,59 @@ def test_matches_vllm_stateless_derender(vllm_state: Any, case: str, chunk_size:
         assert mine["finish"] == "tool_calls"
     if case.startswith("reasoning"):
         assert "first" in mine["reasoning"] or "plus" in mine["reasoning"]
+
+
+def _groupings(n: int) -> list[list[int]]:
+    """Chunk sizes covering ``n`` tokens: one by one, and runs of 2–4 at every offset."""
+    out = [[1] * n]
+    for size in (2, 3, 4):
+        for at in range(n - size + 1):
+            out.append([1] * at + [size] + [1] * (n - at - size))
+    return out
+
+
+@pytest.mark.parametrize("stop", [None, ["Rome"]])
+def test_streamed_reasoning_tokens_do_not_depend_on_how_tokens_are_chunked(
+    vllm_state: Any, stop: list[str] | None
+) -> None:
+    # vLLM's qwen3 parser keeps a running reasoning count while it streams, and
+    # that count changes with the chunking (and with stop-string holdback, which
+    # shifts text against ids); the engine's output merges tokens into one chunk
+    # whenever its consumer falls behind. The final usage must not follow that.
+    request = ChatCompletionRequest.model_validate(
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stop": stop}
+    )
+    prompt = asyncio.run(vllm_state.serving_render.render_chat_request(request)).token_ids
+    derenderer = vllm_state.online_derenderer
+    tokenizer = derenderer.renderer.get_tokenizer()
+    output = tokenizer.encode(
+        "<think>\n\n</think>\n\nThe capital of Italy is Rome", add_special_tokens=False
+    )
+    # As vLLM counts a unary response: the reasoning parser over all the ids.
+    reasoning_parser = derenderer.parser.reasoning_parser_cls(tokenizer)
+    want = reasoning_parser.count_reasoning_tokens(output)
+    assert want == 2
+
+    async def final_usage(sizes: list[int]) -> Any:
+        ours = ChatStreamDerenderer(derenderer, request, prompt, MODEL)
+        start = 0
+        for i, size in enumerate(sizes):
+            last = i == len(sizes) - 1
+            choice = GenerateTokensStreamChoice(
+                index=0,
+                token_ids=output[start : start + size],
+                finish_reason=("stop" if last else None) if stop else ("length" if last else None),
+                stop_reason="Rome" if stop and last else None,
+            )
+            await ours.feed(GenerateTokensStreamResponse(request_id="r", choices=[choice]))
+            start += size
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(output)}
+        return await ours.feed(
+            GenerateTokensStreamResponse.model_validate(
+                {"request_id": "r", "choices": [], "usage": usage}
+            )
+        )
+
+    for sizes in _groupings(len(output)):
+        usage = asyncio.run(final_usage(sizes)).usage
+        assert usage.completion_tokens_details.reasoning_tokens == want, sizes
