@@ -20,7 +20,7 @@ from ray.serve.deployment import Deployment
 
 from deployments.abort_fanout import AbortFanout
 from deployments.config import DeploymentOptions, GraphConfig
-from deployments.derender import Derender
+from deployments.derender import DERENDER_AUTOSCALING, Derender
 from deployments.generate import Generate, engine_env
 from deployments.ingress import Ingress
 from deployments.render import Render
@@ -40,6 +40,12 @@ def _with_options(
     return deployment.options(ray_actor_options=actor_options, **opts.to_serve())
 
 
+def _max_replicas(opts: DeploymentOptions, class_default: int) -> int:
+    if opts.num_replicas is not None:
+        return opts.num_replicas
+    return opts.autoscaling.max_replicas if opts.autoscaling is not None else class_default
+
+
 def build_graph(config: GraphConfig) -> Application:
     """Bind the graph for an already-validated config."""
     render = _with_options(Render, config.render).bind(config)
@@ -48,7 +54,15 @@ def build_graph(config: GraphConfig) -> Application:
         generate_actor["num_gpus"] = config.num_gpus
     # One control plane that every Generate and Derender replica subscribes to.
     control = _with_options(AbortFanout, DeploymentOptions()).bind()
-    generate = _with_options(Generate, config.generate, generate_actor).bind(config, control)
+    generate_deployment = _with_options(Generate, config.generate, generate_actor)
+    # Each Derender replica holds one step channel call open on every Generate
+    # replica it streams from; Serve counts it as an ongoing request, so the
+    # channels get slots of their own on top of the requests' (step_channel.py).
+    channels = _max_replicas(config.derender, DERENDER_AUTOSCALING["max_replicas"])
+    generate_deployment = generate_deployment.options(
+        max_ongoing_requests=generate_deployment.max_ongoing_requests + channels
+    )
+    generate = generate_deployment.bind(config, control)
     derender = _with_options(Derender, config.derender).bind(config, generate, control)
     return _with_options(Ingress, config.ingress).bind(config, render, generate, derender, control)
 

@@ -52,20 +52,23 @@ from .protocol import (
 from .render import build_render_state
 from .routable import wait_routed
 from .sse import sse_event
+from .step_channel import Bound, StepChannels
 from .text_output import ChunkEvent, TextOutput, openai_event, tokens_request
+
+DERENDER_AUTOSCALING: dict[str, Any] = {
+    "min_replicas": 1,
+    "max_replicas": 4,
+    "target_ongoing_requests": 8,
+    "upscale_delay_s": 2,
+    "downscale_delay_s": 10,
+}
 
 
 @serve.deployment(
     name="Derender",
     ray_actor_options={"num_cpus": 0.25},
     max_ongoing_requests=64,
-    autoscaling_config={
-        "min_replicas": 1,
-        "max_replicas": 4,
-        "target_ongoing_requests": 8,
-        "upscale_delay_s": 2,
-        "downscale_delay_s": 10,
-    },
+    autoscaling_config=DERENDER_AUTOSCALING,
 )
 class Derender:
     async def __init__(  # type: ignore[misc]
@@ -76,23 +79,31 @@ class Derender:
         self._state = await build_render_state(config)
         self._text = TextOutput(self._state.online_derenderer, self._state.serving_derender)
         self._generate = generate.options(stream=True)
+        replica = serve.get_replica_context().replica_id.unique_id
+        self._channels = StepChannels(generate, replica)
         # Request ids of the stateful streams this replica holds right now.
         self._streams: dict[str, int] = {}
-        replica = serve.get_replica_context().replica_id.unique_id
         self._control = ControlChannel(control, "derender", replica, self._on_control)
         await self._control.start(timeout_s=CONTROL_SUBSCRIBE_TIMEOUT_S)
 
     async def _generate_events(self, request: GenerateRequest) -> AsyncGenerator[Any, None]:
-        """Generate's items for ``request``; the call is cancelled if we stop early."""
-        call: Any = self._generate.generate.remote(request)
+        """Generate's items for ``request``: a stream's events arrive on this
+        replica's step channel to the Generate replica that took it. The call
+        is cancelled if we stop early."""
+        key, call = self._channels.open(request)
         try:
             if not await wait_routed(call, self._generate):
                 yield no_live_replica("Generate")
                 return
             async for item in call:
+                if isinstance(item, Bound):
+                    async for event in self._channels.events(key, call, item):
+                        yield event
+                    return
                 yield item
         finally:
             call.cancel()
+            self._channels.close(key)
 
     async def text(self, job: TextJob) -> AsyncIterator[Any]:
         """Tier placement: OpenAI chat/completion output for a rendered request."""
@@ -135,6 +146,9 @@ class Derender:
         control = getattr(self, "_control", None)
         if control is not None:
             control.stop()
+        channels = getattr(self, "_channels", None)
+        if channels is not None:
+            channels.stop()
 
     async def generate_derender(
         self, request: GenerateRequest, context: ParseContext | None

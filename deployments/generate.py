@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from ray import serve
+from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 from starlette.datastructures import State
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
@@ -34,7 +35,9 @@ from .config import GraphConfig
 from .control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from .control_protocol import ControlCommand, EngineState
 from .engine_metrics import local_vllm_metrics
+from .generate_router import GenerateRouter
 from .protocol import TextJob, served_by
+from .step_channel import STREAM_END, Bound, Outboxes, WrongReplicaError
 from .text_output import TextOutput, tokens_request
 from .vllm_args import serve_namespace
 
@@ -85,6 +88,8 @@ def engine_env(config: GraphConfig) -> dict[str, str]:
     health_check_period_s=10,
     health_check_timeout_s=30,
     graceful_shutdown_timeout_s=5,
+    # Ray 2.60 annotates **kwargs as dict values; the field takes a class.
+    request_router_config=RequestRouterConfig(request_router_class=GenerateRouter),  # type: ignore[arg-type]
 )
 class Generate:
     """One engine per replica."""
@@ -106,6 +111,7 @@ class Generate:
         self._state = state
         self._text = TextOutput(state.online_derenderer, state.serving_derender)
         self._replica = serve.get_replica_context().replica_id.unique_id
+        self._outboxes = Outboxes()
         # Aborts and /metrics reach this replica even when its streams fill every slot.
         # The channel runs on this loop, the engine's, so its aborts need no hop.
         self._control = ControlChannel(control, "generate", self._replica, self._on_control)
@@ -140,6 +146,32 @@ class Generate:
             # engine slot; Ray does not always deliver CancelledError here.
             # Aborting a finished request is a no-op.
             await self._engine.abort(engine_id)
+
+    async def bound(self, request: GenerateRequest, caller: str, key: str) -> AsyncIterator[Any]:
+        """``generate`` for a caller with a step channel: a stream's events go in
+        the caller's outbox here, under ``key``; this call says where, then stays
+        open until the stream ends, so cancelling it aborts the engine request."""
+        engine_id = engine_request_id(request.request_id)
+        try:
+            result = await self._state.serving_tokens.serve_tokens(request)
+            if isinstance(result, (ErrorResponse, GenerateResponseBase)):
+                yield result
+                return
+            yield Bound(self._replica)
+            outbox = self._outboxes.get(caller)
+            async for event in result:
+                outbox.put(key, event)
+            outbox.put(key, STREAM_END)
+        finally:
+            await self._engine.abort(engine_id)
+
+    async def step_channel(self, caller: str, replica: str) -> AsyncIterator[Any]:
+        """The caller's step channel: its bound streams' events, one item per
+        engine step (``GenerateRouter`` routes it here by ``replica``)."""
+        if replica != self._replica:
+            raise WrongReplicaError(f"channel for replica {replica} reached {self._replica}")
+        async for batch in self._outboxes.drain(caller, self._coalesce_s):
+            yield batch
 
     async def text(self, job: TextJob) -> AsyncIterator[Any]:
         """Inline text placement: OpenAI chat/completion output next to the engine."""

@@ -89,3 +89,26 @@ def test_topology_config_builds_the_graph(name: str) -> None:
     data = yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text())
     app = build_app(data["applications"][0]["args"])
     assert app is not None
+
+
+def _deployments(app: Any) -> dict[str, Any]:
+    """The bound deployments of a built graph, by name (Serve's own objects)."""
+    ingress = app._bound_deployment
+    bound = [getattr(arg, "_bound_deployment", None) for arg in ingress.init_args]
+    return {d.name: d for d in [ingress, *bound] if d is not None}
+
+
+@pytest.mark.parametrize(
+    ("args", "slots"),
+    [
+        ({"generate.max_ongoing_requests": "5", "derender.num_replicas": "2"}, 5 + 2),
+        ({"generate.max_ongoing_requests": "1"}, 1 + 4),  # Derender autoscales to 4
+        ({"derender.autoscaling.max_replicas": "6"}, 256 + 6),
+    ],
+)
+def test_generate_gets_a_slot_per_derender_step_channel(args: dict[str, str], slots: int) -> None:
+    # Each Derender replica holds one step channel open on every Generate
+    # replica: without a slot of its own it would take a request's.
+    from graph import build_app
+
+    assert _deployments(build_app(args))["Generate"].max_ongoing_requests == slots

@@ -1,0 +1,41 @@
+"""Generate's request router: Serve's power of two choices, plus pinned calls.
+
+A step channel (``step_channel.py``) must reach the one Generate replica that
+holds the caller's streams, and Serve routes every handle call by load. A
+call that names a replica (``replica=<unique id>``, a keyword argument the
+method also receives and checks) goes to that replica; every other call is
+routed as Serve routes it by default. If the named replica is gone, the call
+goes to any replica, which refuses it, so the caller gets an error at once
+instead of a call the router holds forever.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from ray.serve.request_router import (
+    LocalityMixin,
+    PendingRequest,
+    RequestRouter,
+    RunningReplica,
+)
+
+
+# No FIFOMixin: it hands a chosen replica to the oldest waiting request, which
+# would give a pinned call's replica to another call.
+class GenerateRouter(LocalityMixin, RequestRouter):
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        pinned: Any = None if pending_request is None else pending_request.kwargs.get("replica")
+        if pinned is not None:
+            named = [r for r in candidate_replicas if r.replica_id.unique_id == pinned]
+            return [named] if named else [candidate_replicas]
+        # Serve's default: two random replicas (same node first); the router
+        # probes both and sends to the shorter queue.
+        local = self.apply_locality_routing(pending_request)
+        pool = [r for r in candidate_replicas if r.replica_id in local] or candidate_replicas
+        return [random.sample(pool, min(2, len(pool)))]

@@ -1,0 +1,78 @@
+"""Step channel outboxes: one item per wake-up for every stream, order kept per stream."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from deployments.step_channel import ChannelClosedError, Outbox, Outboxes
+
+
+def test_events_put_in_one_step_leave_as_one_batch() -> None:
+    async def run() -> list[list[tuple[str, object]]]:
+        box = Outbox()
+        batches = box.batches(window_s=0)
+        # As an engine step wakes every stream: all put before the drain runs.
+        for key in ("a", "b", "c"):
+            box.put(key, f"{key}1")
+        first = await anext(batches)
+        box.put("a", "a2")
+        second = await anext(batches)
+        return [first, second]
+
+    first, second = asyncio.run(run())
+    assert first == [("a", "a1"), ("b", "b1"), ("c", "c1")]
+    assert second == [("a", "a2")]
+
+
+def test_events_within_the_window_wait_to_go_together_and_the_first_never_waits() -> None:
+    async def run() -> tuple[float, list[tuple[str, object]], float]:
+        loop = asyncio.get_running_loop()
+        box = Outbox()
+        batches = box.batches(window_s=0.2)
+        start = loop.time()
+        box.put("a", 1)
+        await anext(batches)
+        first_after = loop.time() - start
+
+        async def later() -> None:
+            for i in range(3):
+                await asyncio.sleep(0.02)
+                box.put("a", 2 + i)
+
+        task = asyncio.create_task(later())
+        joined = await anext(batches)
+        await task
+        return first_after, joined, loop.time() - start
+
+    first_after, joined, elapsed = asyncio.run(run())
+    assert first_after < 0.1
+    # Three events 20 ms apart, inside one 200 ms window: one item, in order.
+    assert joined == [("a", 2), ("a", 3), ("a", 4)]
+    assert elapsed >= 0.2
+
+
+def test_a_closed_channel_refuses_events_and_a_new_one_starts_empty() -> None:
+    async def run() -> None:
+        boxes = Outboxes()
+        box = boxes.get("caller")
+        box.put("k", "before")
+        drain = boxes.drain("caller", 0)
+        assert await anext(drain) == [("k", "before")]
+        await drain.aclose()  # the channel call ended (caller gone, replica stopping)
+        with pytest.raises(ChannelClosedError):
+            box.put("k", "after")
+        assert boxes.get("caller") is not box
+
+    asyncio.run(run())
+
+
+def test_an_idle_channel_sends_empty_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A channel whose caller died ends at its next send, freeing its slot.
+    monkeypatch.setattr("deployments.step_channel.KEEPALIVE_S", 0.05)
+
+    async def run() -> list[tuple[str, object]]:
+        return await anext(Outbox().batches(window_s=0))
+
+    assert asyncio.run(run()) == []
