@@ -22,7 +22,7 @@ from deployments.abort_fanout import AbortFanout
 from deployments.config import DeploymentOptions, GraphConfig
 from deployments.derender import DERENDER_AUTOSCALING, Derender
 from deployments.generate import Generate, engine_env
-from deployments.ingress import Ingress
+from deployments.ingress import INGRESS_REPLICAS, Ingress
 from deployments.render import Render
 
 # The embedded default: the tiny model this repo builds, with its parsers.
@@ -63,7 +63,13 @@ def build_graph(config: GraphConfig) -> Application:
         max_ongoing_requests=generate_deployment.max_ongoing_requests + channels
     )
     generate = generate_deployment.bind(config, control)
-    derender = _with_options(Derender, config.derender).bind(config, generate, control)
+    derender_deployment = _with_options(Derender, config.derender)
+    # And each Ingress replica holds one on every Derender replica.
+    derender_deployment = derender_deployment.options(
+        max_ongoing_requests=derender_deployment.max_ongoing_requests
+        + _max_replicas(config.ingress, INGRESS_REPLICAS)
+    )
+    derender = derender_deployment.bind(config, generate, control)
     return _with_options(Ingress, config.ingress).bind(config, render, generate, derender, control)
 
 

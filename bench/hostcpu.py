@@ -198,6 +198,11 @@ def measure(server: Server, load: Load, mode: str, port: int | None) -> Result:
     """Warm the path up, then run ``load`` once and read the CPU it took."""
     warm = Load(streams=min(4, load.streams), tokens=16, pace_ms=0)
     asyncio.run(_run_load(server.base_url, warm, mode))
+    return measure_warm(server, load, mode, port)
+
+
+def measure_warm(server: Server, load: Load, mode: str, port: int | None) -> Result:
+    """Run ``load`` once on a warm path and read the CPU it took."""
     assert server.process is not None
     pid = server.process.pid
     before_tiers = sample(0, "default", port) if port is not None else None
@@ -233,40 +238,50 @@ def vllm_server(work: Path) -> Iterator[Server]:
         yield server
 
 
-def measure_vllm(work: Path, load: Load, label: str) -> Result:
+def measure_vllm(work: Path, load: Load, label: str, repeat: int) -> Result:
     with vllm_server(work) as server:
-        result = measure(server, load, "vllm", None)
-    result.mode = label
+        runs = [measure(server, load, "vllm", None)]
+        runs += [measure_warm(server, load, "vllm", None) for _ in range(repeat - 1)]
+    result = combined(runs, label)
     print(_row(result), flush=True)
     return result
 
 
 def combined(results: list[Result], label: str) -> Result:
-    """Several runs of one server as one: CPU and tokens summed, wall averaged."""
+    """Several runs as one: CPU and tokens summed, wall averaged."""
+    tiers: dict[str, float] = {}
+    for r in results:
+        for tier, cpu in r.tiers.items():
+            tiers[tier] = tiers.get(tier, 0.0) + cpu
     return Result(
         mode=label,
         tokens=sum(r.tokens for r in results),
         wall_s=sum(r.wall_s for r in results) / len(results),
         cpu_s=sum(r.cpu_s for r in results),
         engine_core_s=sum(r.engine_core_s for r in results),
-        tiers={},
+        tiers=tiers,
     )
 
 
 def run_graph_modes(
-    work: Path, load: Load, env: dict[str, str], modes: list[str], label: str
+    work: Path, load: Load, env: dict[str, str], modes: list[str], label: str, repeat: int
 ) -> list[Result]:
+    """Each mode warmed up, then ``repeat`` rounds of every mode in turn (so the
+    host's drift over the run falls on all modes alike), summed per mode."""
     apps = {"default": ("/", GRAPH_ARGS)}
     graph_dir = work / f"graph-{label}"
     graph_dir.mkdir()
-    results = []
+    runs: dict[str, list[Result]] = {mode: [] for mode in modes}
     with running_graph(graph_dir, apps, env=env) as server:
         port = int(server.base_url.rsplit(":", 1)[1])
-        for mode in modes:
-            result = measure(server, load, mode, port)
-            result.mode = f"{label} {mode}" if label else mode
-            results.append(result)
-            print(_row(result), flush=True)
+        for round_ in range(repeat):
+            for mode in modes:
+                run = measure if round_ == 0 else measure_warm
+                runs[mode].append(run(server, load, mode, port))
+    results = []
+    for mode, mode_runs in runs.items():
+        results.append(combined(mode_runs, f"{label} {mode}" if label else mode))
+        print(_row(results[-1]), flush=True)
     return results
 
 
@@ -330,7 +345,8 @@ def report(args: argparse.Namespace, results: list[Result], labels: list[str]) -
         "",
         f"Host: {platform.machine()}, {psutil.cpu_count()} CPUs; {args.streams} chat streams "
         f"of {args.tokens} tokens at once, engine step held {args.pace_ms:g} ms; "
-        "one Generate and one Derender replica; each row warmed up, then run once.",
+        f"one Generate and one Derender replica; each row warmed up, then run "
+        f"{args.repeat} time(s) (graph modes in turn), CPU and tokens summed.",
         "",
         "*vllm*: its server measured before and after the graph rows, and both together "
         "(CPU and tokens summed, wall averaged), which the targets use. "
@@ -365,6 +381,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256, help="output tokens per stream")
     parser.add_argument("--pace-ms", type=float, default=15, help="engine step (ms)")
     parser.add_argument("--modes", default="vllm,tokens,inline,tier")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per row, summed")
     parser.add_argument("--graph-env", default="", help="K=V,... set on `serve run` for the graph")
     parser.add_argument(
         "--variant",
@@ -388,12 +405,12 @@ def main() -> None:
         # is this shared host's noise over the run; the targets use both together.
         references: list[Result] = []
         if "vllm" in modes:
-            references.append(measure_vllm(work, load, "vllm, before"))
+            references.append(measure_vllm(work, load, "vllm, before", args.repeat))
         for label, env in runs:
             if graph_modes:
-                results += run_graph_modes(work, load, env, graph_modes, label)
+                results += run_graph_modes(work, load, env, graph_modes, label, args.repeat)
         if "vllm" in modes:
-            references.append(measure_vllm(work, load, "vllm, after"))
+            references.append(measure_vllm(work, load, "vllm, after", args.repeat))
             results = [*references, combined(references, "vllm"), *results]
     text = report(args, results, [label for label, _ in runs])
     print(text)

@@ -40,6 +40,7 @@ from .control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from .control_protocol import ControlCommand
 from .errors import no_live_replica
 from .generate import GENERATE_PREFIX
+from .pinned_router import PINNED_ROUTING
 from .protocol import (
     DerenderChoice,
     DerenderStreamChoice,
@@ -52,7 +53,7 @@ from .protocol import (
 from .render import build_render_state
 from .routable import wait_routed
 from .sse import sse_event
-from .step_channel import Bound, StepChannels
+from .step_channel import Outboxes, StepChannels
 from .text_output import ChunkEvent, TextOutput, openai_event, tokens_request
 
 DERENDER_AUTOSCALING: dict[str, Any] = {
@@ -69,6 +70,7 @@ DERENDER_AUTOSCALING: dict[str, Any] = {
     ray_actor_options={"num_cpus": 0.25},
     max_ongoing_requests=64,
     autoscaling_config=DERENDER_AUTOSCALING,
+    request_router_config=PINNED_ROUTING,
 )
 class Derender:
     async def __init__(  # type: ignore[misc]
@@ -80,7 +82,9 @@ class Derender:
         self._text = TextOutput(self._state.online_derenderer, self._state.serving_derender)
         self._generate = generate.options(stream=True)
         replica = serve.get_replica_context().replica_id.unique_id
-        self._channels = StepChannels(generate, replica)
+        self._generate_channels = StepChannels(generate, replica)
+        # The Ingress's step channels to this replica.
+        self._outboxes = Outboxes(replica)
         # Request ids of the stateful streams this replica holds right now.
         self._streams: dict[str, int] = {}
         self._control = ControlChannel(control, "derender", replica, self._on_control)
@@ -90,28 +94,36 @@ class Derender:
         """Generate's items for ``request``: a stream's events arrive on this
         replica's step channel to the Generate replica that took it. The call
         is cancelled if we stop early."""
-        key, call = self._channels.open(request)
+        call = self._generate_channels.call("generate_bound", request)
         try:
             if not await wait_routed(call, self._generate):
                 yield no_live_replica("Generate")
                 return
             async for item in call:
-                if isinstance(item, Bound):
-                    async for event in self._channels.events(key, call, item):
-                        yield event
-                    return
                 yield item
         finally:
             call.cancel()
-            self._channels.close(key)
 
     async def text(self, job: TextJob) -> AsyncIterator[Any]:
         """Tier placement: OpenAI chat/completion output for a rendered request."""
         yield served_by("tier")
-        async for item in self._text_items(job, openai_event):
+        async for item in self._text_items(job, openai_event, self._coalesce_s):
             yield item
 
-    async def _text_items(self, job: TextJob, event: ChunkEvent) -> AsyncIterator[Any]:
+    async def text_bound(self, job: TextJob, caller: str, key: str) -> AsyncIterator[Any]:
+        """``text`` with the stream's events on the caller's step channel."""
+        items = self._text_items(job, openai_event)
+        async for item in self._outboxes.bind(_prepend(served_by("tier"), items), caller, key):
+            yield item
+
+    async def step_channel(self, caller: str, replica: str) -> AsyncIterator[Any]:
+        """The caller's step channel (``PinnedRouter`` routes it here by ``replica``)."""
+        async for batch in self._outboxes.drain(caller, replica, self._coalesce_s):
+            yield batch
+
+    async def _text_items(
+        self, job: TextJob, event: ChunkEvent, coalesce_s: float | None = None
+    ) -> AsyncIterator[Any]:
         """The job's output, each stream chunk written by ``event``."""
         stream = bool(job.generate_request.stream)
         stream_id = job.generate_request.request_id
@@ -121,7 +133,7 @@ class Derender:
             first = await anext(events)
             done = isinstance(first, (ErrorResponse, GenerateTokensResponse))
             result = first if done else _prepend(first, events)
-            async for item in self._text.respond(job, result, self._coalesce_s, event):
+            async for item in self._text.respond(job, result, coalesce_s, event):
                 yield item
         finally:
             await events.aclose()
@@ -146,7 +158,7 @@ class Derender:
         control = getattr(self, "_control", None)
         if control is not None:
             control.stop()
-        channels = getattr(self, "_channels", None)
+        channels = getattr(self, "_generate_channels", None)
         if channels is not None:
             channels.stop()
 
@@ -154,10 +166,27 @@ class Derender:
         self, request: GenerateRequest, context: ParseContext | None
     ) -> AsyncIterator[Any]:
         """``output_mode: "derender"``: the parsed assistant message, unary or streamed."""
+        async for item in self._derender_items(request, context, self._coalesce_s):
+            yield item
+
+    async def generate_derender_bound(
+        self, request: GenerateRequest, context: ParseContext | None, caller: str, key: str
+    ) -> AsyncIterator[Any]:
+        """``generate_derender`` with the stream's events on the caller's step channel."""
+        items = self._derender_items(request, context)
+        async for item in self._outboxes.bind(items, caller, key):
+            yield item
+
+    async def _derender_items(
+        self,
+        request: GenerateRequest,
+        context: ParseContext | None,
+        coalesce_s: float | None = None,
+    ) -> AsyncIterator[Any]:
         model = request.model or self._config.model_name
         chat = (context or ParseContext()).chat_request(model)
         job = TextJob(generate_request=request, chat_request=chat, model_name=model)
-        async for item in self._text_items(job, _derender_event):
+        async for item in self._text_items(job, _derender_event, coalesce_s):
             yield _derender_response(item) if isinstance(item, ChatCompletionResponse) else item
 
     async def derender_chat(

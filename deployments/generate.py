@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from ray import serve
-from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 from starlette.datastructures import State
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
@@ -35,9 +34,9 @@ from .config import GraphConfig
 from .control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from .control_protocol import ControlCommand, EngineState
 from .engine_metrics import local_vllm_metrics
-from .generate_router import GenerateRouter
+from .pinned_router import PINNED_ROUTING
 from .protocol import TextJob, served_by
-from .step_channel import STREAM_END, Bound, Outboxes, WrongReplicaError
+from .step_channel import Outboxes
 from .text_output import TextOutput, tokens_request
 from .vllm_args import serve_namespace
 
@@ -88,8 +87,7 @@ def engine_env(config: GraphConfig) -> dict[str, str]:
     health_check_period_s=10,
     health_check_timeout_s=30,
     graceful_shutdown_timeout_s=5,
-    # Ray 2.60 annotates **kwargs as dict values; the field takes a class.
-    request_router_config=RequestRouterConfig(request_router_class=GenerateRouter),  # type: ignore[arg-type]
+    request_router_config=PINNED_ROUTING,
 )
 class Generate:
     """One engine per replica."""
@@ -111,7 +109,7 @@ class Generate:
         self._state = state
         self._text = TextOutput(state.online_derenderer, state.serving_derender)
         self._replica = serve.get_replica_context().replica_id.unique_id
-        self._outboxes = Outboxes()
+        self._outboxes = Outboxes(self._replica)
         # Aborts and /metrics reach this replica even when its streams fill every slot.
         # The channel runs on this loop, the engine's, so its aborts need no hop.
         self._control = ControlChannel(control, "generate", self._replica, self._on_control)
@@ -133,45 +131,39 @@ class Generate:
         self, request: GenerateRequest
     ) -> AsyncIterator[str | GenerateResponseBase | ErrorResponse]:
         """``/inference/v1/generate``: SSE events if ``stream``, else one response."""
+        async for item in self._generate_items(request, self._coalesce_s):
+            yield item
+
+    async def generate_bound(
+        self, request: GenerateRequest, caller: str, key: str
+    ) -> AsyncIterator[Any]:
+        """``generate`` with the stream's events on the caller's step channel."""
+        async for item in self._outboxes.bind(self._generate_items(request), caller, key):
+            yield item
+
+    async def step_channel(self, caller: str, replica: str) -> AsyncIterator[Any]:
+        """The caller's step channel: its bound streams' events, one item per
+        engine step (``PinnedRouter`` routes it here by ``replica``)."""
+        async for batch in self._outboxes.drain(caller, replica, self._coalesce_s):
+            yield batch
+
+    async def _generate_items(
+        self, request: GenerateRequest, coalesce_s: float | None = None
+    ) -> AsyncIterator[str | GenerateResponseBase | ErrorResponse]:
         engine_id = engine_request_id(request.request_id)
         try:
             result = await self._state.serving_tokens.serve_tokens(request)
             if isinstance(result, (ErrorResponse, GenerateResponseBase)):
                 yield result
                 return
-            async for event in coalesce_events(result, self._coalesce_s):
+            events = result if coalesce_s is None else coalesce_events(result, coalesce_s)
+            async for event in events:
                 yield event
         finally:
             # A cancelled call (client gone, caller cancelled) must free its
             # engine slot; Ray does not always deliver CancelledError here.
             # Aborting a finished request is a no-op.
             await self._engine.abort(engine_id)
-
-    async def bound(self, request: GenerateRequest, caller: str, key: str) -> AsyncIterator[Any]:
-        """``generate`` for a caller with a step channel: a stream's events go in
-        the caller's outbox here, under ``key``; this call says where, then stays
-        open until the stream ends, so cancelling it aborts the engine request."""
-        engine_id = engine_request_id(request.request_id)
-        try:
-            result = await self._state.serving_tokens.serve_tokens(request)
-            if isinstance(result, (ErrorResponse, GenerateResponseBase)):
-                yield result
-                return
-            yield Bound(self._replica)
-            outbox = self._outboxes.get(caller)
-            async for event in result:
-                outbox.put(key, event)
-            outbox.put(key, STREAM_END)
-        finally:
-            await self._engine.abort(engine_id)
-
-    async def step_channel(self, caller: str, replica: str) -> AsyncIterator[Any]:
-        """The caller's step channel: its bound streams' events, one item per
-        engine step (``GenerateRouter`` routes it here by ``replica``)."""
-        if replica != self._replica:
-            raise WrongReplicaError(f"channel for replica {replica} reached {self._replica}")
-        async for batch in self._outboxes.drain(caller, self._coalesce_s):
-            yield batch
 
     async def text(self, job: TextJob) -> AsyncIterator[Any]:
         """Inline text placement: OpenAI chat/completion output next to the engine."""

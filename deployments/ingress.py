@@ -34,6 +34,7 @@ from .errors import bad_request, install_exception_handlers, not_found, to_http
 from .guard import GuardSettings, install_guard
 from .http_io import call, parse_body, read_json, respond, validate
 from .protocol import ParseContext, TextJob
+from .step_channel import StepChannels
 
 HEALTH_TIMEOUT_S = 5.0
 PLACEMENT_HEADER = "X-Text-Placement"
@@ -94,6 +95,10 @@ def _with_header_id(request: RequestT, raw: Request) -> RequestT:
     return request
 
 
+# Serve's default for a deployment without num_replicas or autoscaling.
+INGRESS_REPLICAS = 1
+
+
 @serve.deployment(
     name="Ingress",
     ray_actor_options={"num_cpus": 0.1},
@@ -117,6 +122,9 @@ class Ingress:
         self._generate = generate.options(stream=True)
         self._derender_unary = derender
         self._derender = derender.options(stream=True)
+        self._derender_channels = StepChannels(
+            derender, serve.get_replica_context().replica_id.unique_id
+        )
         # Abort calls in flight after a tier failed (held so they are not collected).
         self._cleanups: set[asyncio.Task[Any]] = set()
 
@@ -255,7 +263,7 @@ class Ingress:
         if isinstance(context, ErrorResponse):
             return to_http(context)
         return await respond(
-            self._derender.generate_derender.remote(request, context),
+            self._derender_channels.call("generate_derender_bound", request, context),
             self._derender,
             on_failure=self._abort_later(request.request_id),
         )
@@ -326,8 +334,13 @@ class Ingress:
 
     async def _text(self, job: TextJob, placement: str) -> Response:
         tier = self._derender if placement == "tier" else self._generate
+        items = (
+            self._derender_channels.call("text_bound", job)
+            if placement == "tier"
+            else tier.text.remote(job)
+        )
         return await respond(
-            tier.text.remote(job),
+            items,
             tier,
             headers={PLACEMENT_HEADER: placement},
             on_failure=self._abort_later(job.generate_request.request_id),

@@ -3,16 +3,17 @@
 A streamed DeploymentHandle call pays one Ray item per yield (~300–570 µs of
 CPU here, on both ends). Per-stream coalescing joins nothing when the engine
 paces every stream at one token per step, so N streams cost N items a step.
-A caller replica (Derender) instead opens one long-lived *channel* call to
-each Generate replica it sends streams to; every stream it binds there puts
-its events in the channel's outbox, and the channel yields whatever the
-step produced, for all those streams, as one item.
+A caller replica instead opens one long-lived *channel* call to each replica
+it sends streams to (Derender → Generate, Ingress → Derender); every stream
+it binds there puts its events in the channel's outbox, and the channel
+yields whatever the step produced, for all those streams, as one item.
 
-Each stream keeps its own streamed call (``Generate.bound``), which does not
-carry the events: it tells the caller which replica took the stream, then
-stays open so that cancelling it (client gone, abort, caller cancelled)
-stops the engine request exactly as before, and so that its failure (an
-engine that ends it with an error, a dead replica) reaches the caller.
+Each stream keeps its own streamed call (a ``*_bound`` method), which carries
+what comes before the stream (a ``ServedBy`` marker, an error value, a unary
+response) and then, instead of the events, where they go (``Bound``). It
+stays open until the stream ends, so that cancelling it (client gone, abort,
+caller cancelled) stops the work exactly as before, and so that its failure
+(an engine that ends it with an error, a dead replica) reaches the caller.
 Per-stream order holds because a stream's events travel on one channel. A
 broken channel fails every stream bound to it with the channel's error.
 """
@@ -30,16 +31,16 @@ from typing import Any
 
 from ray.serve.handle import DeploymentHandle
 
-# A stream's last item in its channel: the generate stream ended.
+# A stream's last item in its channel: the stream ended.
 STREAM_END = None
 # An idle channel sends an empty batch this often: a channel whose caller died
-# then ends, and frees the slot it holds on the Generate replica.
+# then ends, and frees the slot it holds on the replica.
 KEEPALIVE_S = 10.0
 
 
 @dataclass(frozen=True)
 class Bound:
-    """First item of a bound stream: its events come on ``replica``'s channel."""
+    """A bound call's item: the stream's events come on ``replica``'s channel."""
 
     replica: str
 
@@ -53,7 +54,7 @@ class WrongReplicaError(RuntimeError):
 
 
 class Outbox:
-    """One caller's events on one Generate replica, drained by its channel call."""
+    """One caller's events on one replica, drained by its channel call."""
 
     def __init__(self) -> None:
         self._items: list[tuple[str, Any]] = []
@@ -91,9 +92,10 @@ class Outbox:
 
 
 class Outboxes:
-    """The Generate replica's side: an outbox per caller replica."""
+    """The callee replica's side: an outbox per caller replica."""
 
-    def __init__(self) -> None:
+    def __init__(self, replica: str) -> None:
+        self._replica = replica
         self._boxes: dict[str, Outbox] = {}
 
     def get(self, caller: str) -> Outbox:
@@ -103,8 +105,28 @@ class Outboxes:
             box = self._boxes[caller] = Outbox()
         return box
 
-    async def drain(self, caller: str, window_s: float) -> AsyncIterator[list[tuple[str, Any]]]:
+    async def bind(self, items: AsyncIterator[Any], caller: str, key: str) -> AsyncIterator[Any]:
+        """A bound call's body: ``items`` as the plain call would yield them, up to
+        the first SSE event; from there on ``Bound``, and the events go out on
+        the caller's channel. Raises what ``items`` raises, or if the channel broke."""
+        outbox: Outbox | None = None
+        async for item in items:
+            if outbox is None:
+                if not isinstance(item, str):
+                    yield item
+                    continue
+                yield Bound(self._replica)
+                outbox = self.get(caller)
+            outbox.put(key, item)
+        if outbox is not None:
+            outbox.put(key, STREAM_END)
+
+    async def drain(
+        self, caller: str, replica: str, window_s: float
+    ) -> AsyncIterator[list[tuple[str, Any]]]:
         """The channel call's body; when it ends, the caller's bound streams fail."""
+        if replica != self._replica:
+            raise WrongReplicaError(f"channel for replica {replica} reached {self._replica}")
         box = self.get(caller)
         try:
             async for batch in box.batches(window_s):
@@ -121,22 +143,23 @@ class _Failed:
 
 
 class StepChannels:
-    """The caller's side: its channels to Generate replicas, and its bound streams."""
+    """The caller's side: its channels to one deployment's replicas, and its bound streams."""
 
-    def __init__(self, generate: DeploymentHandle[Any], caller: str) -> None:
-        self._generate = generate.options(stream=True)
+    def __init__(self, handle: DeploymentHandle[Any], caller: str) -> None:
+        self._handle = handle.options(stream=True)
         self._caller = caller
         self._keys = itertools.count()
         self._queues: dict[str, asyncio.Queue[Any]] = {}
         self._channels: dict[str, _Channel] = {}
 
-    def open(self, request: Any) -> tuple[str, Any]:
-        """Send ``request`` as a bound stream: its key, and the streamed call."""
+    def call(self, method: str, *args: Any) -> BoundCall:
+        """``method(*args)`` as a bound stream; iterate it as the plain call's response."""
         key = f"{next(self._keys)}"
         self._queues[key] = asyncio.Queue()
-        return key, self._generate.bound.remote(request, self._caller, key)
+        response = getattr(self._handle, method).remote(*args, self._caller, key)
+        return BoundCall(self, key, response)
 
-    async def events(self, key: str, call: Any, bound: Bound) -> AsyncIterator[Any]:
+    async def _events(self, key: str, response: Any, bound: Bound) -> AsyncIterator[Any]:
         """The stream's events from its replica's channel, until the stream ends.
 
         The call itself ends with the stream; if it fails instead (an error in
@@ -147,7 +170,7 @@ class StepChannels:
         channel.keys.add(key)
         if channel.error is not None:
             queue.put_nowait(_Failed(channel.error))
-        watcher = asyncio.create_task(_fail_on_error(call, queue))
+        watcher = asyncio.create_task(_fail_on_error(response, queue))
         try:
             while True:
                 item = await queue.get()
@@ -160,7 +183,7 @@ class StepChannels:
             watcher.cancel()
             channel.keys.discard(key)
 
-    def close(self, key: str) -> None:
+    def _close(self, key: str) -> None:
         self._queues.pop(key, None)
 
     def _channel(self, replica: str) -> _Channel:
@@ -170,13 +193,48 @@ class StepChannels:
             # calls the request's own internal id, routes calls that share one as
             # one (so the pin would be lost), and cancels them with the request.
             detached = contextvars.Context()
-            call = detached.run(self._generate.step_channel.remote, self._caller, replica=replica)
+            call = detached.run(self._handle.step_channel.remote, self._caller, replica=replica)
             channel = self._channels[replica] = detached.run(_Channel, call, self._queues)
         return channel
 
     def stop(self) -> None:
         for channel in self._channels.values():
             channel.stop()
+
+
+class BoundCall:
+    """A bound stream, read as the plain streamed call would be: the same items,
+    with the events taken from the channel. ``cancel`` cancels the call."""
+
+    def __init__(self, channels: StepChannels, key: str, response: Any) -> None:
+        self._channels = channels
+        self._key = key
+        self._response = response
+        self._items = self._read(channels, key, response)
+        # What routable.wait_routed watches on a plain call.
+        self._replica_result_future = getattr(response, "_replica_result_future", None)
+
+    @staticmethod
+    async def _read(channels: StepChannels, key: str, response: Any) -> AsyncIterator[Any]:
+        try:
+            async for item in response:
+                if isinstance(item, Bound):
+                    async for event in channels._events(key, response, item):
+                        yield event
+                    return
+                yield item
+        finally:
+            channels._close(key)
+
+    def __aiter__(self) -> BoundCall:
+        return self
+
+    async def __anext__(self) -> Any:
+        return await anext(self._items)
+
+    def cancel(self) -> None:
+        self._response.cancel()
+        self._channels._close(self._key)
 
 
 class _Channel:

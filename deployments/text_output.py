@@ -89,11 +89,12 @@ class TextOutput:
         self,
         job: TextJob,
         result: ErrorResponse | GenerateTokensResponse | AsyncIterator[str],
-        coalesce_s: float,
+        coalesce_s: float | None,
         event: ChunkEvent = openai_event,
     ) -> AsyncIterator[Any]:
         """One generate result → what the client gets: the error value, the unary
-        response, or the SSE stream (coalesced for the handle hop back), each
+        response, or the SSE stream (coalesced per stream for the handle hop
+        back, unless ``coalesce_s`` is None: a step channel batches it), each
         OpenAI chunk written once, by ``event``."""
         if isinstance(result, ErrorResponse):
             yield result
@@ -101,8 +102,9 @@ class TextOutput:
         if isinstance(result, GenerateTokensResponse):
             yield await self.unary(job, result)
             return
-        async for events in coalesce_events(self.stream(job, result, event), coalesce_s):
-            yield events
+        events = self.stream(job, result, event)
+        async for item in events if coalesce_s is None else coalesce_events(events, coalesce_s):
+            yield item
 
     async def unary(
         self, job: TextJob, response: GenerateTokensResponse

@@ -112,3 +112,10 @@ def test_generate_gets_a_slot_per_derender_step_channel(args: dict[str, str], sl
     from graph import build_app
 
     assert _deployments(build_app(args))["Generate"].max_ongoing_requests == slots
+
+
+@pytest.mark.parametrize(("args", "slots"), [({}, 64 + 1), ({"ingress.num_replicas": "3"}, 64 + 3)])
+def test_derender_gets_a_slot_per_ingress_step_channel(args: dict[str, str], slots: int) -> None:
+    from graph import build_app
+
+    assert _deployments(build_app(args))["Derender"].max_ongoing_requests == slots

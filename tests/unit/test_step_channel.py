@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pytest
 
-from deployments.step_channel import ChannelClosedError, Outbox, Outboxes
+from deployments.step_channel import (
+    STREAM_END,
+    Bound,
+    ChannelClosedError,
+    Outbox,
+    Outboxes,
+    WrongReplicaError,
+)
 
 
 def test_events_put_in_one_step_leave_as_one_batch() -> None:
@@ -55,10 +63,10 @@ def test_events_within_the_window_wait_to_go_together_and_the_first_never_waits(
 
 def test_a_closed_channel_refuses_events_and_a_new_one_starts_empty() -> None:
     async def run() -> None:
-        boxes = Outboxes()
+        boxes = Outboxes("replica")
         box = boxes.get("caller")
         box.put("k", "before")
-        drain = boxes.drain("caller", 0)
+        drain = boxes.drain("caller", "replica", 0)
         assert await anext(drain) == [("k", "before")]
         await drain.aclose()  # the channel call ended (caller gone, replica stopping)
         with pytest.raises(ChannelClosedError):
@@ -76,3 +84,27 @@ def test_an_idle_channel_sends_empty_batches(monkeypatch: pytest.MonkeyPatch) ->
         return await anext(Outbox().batches(window_s=0))
 
     assert asyncio.run(run()) == []
+
+
+def test_a_bound_call_yields_what_comes_before_the_stream_then_sends_the_stream_on() -> None:
+    async def marker_then_events() -> AsyncIterator[object]:
+        yield ("served", "by")  # not an event: goes on the call itself
+        yield "data: 1\n\n"
+        yield "data: 2\n\n"
+
+    async def run() -> tuple[list[object], list[tuple[str, object]]]:
+        boxes = Outboxes("replica")
+        on_call = [item async for item in boxes.bind(marker_then_events(), "caller", "k")]
+        return on_call, await anext(boxes.get("caller").batches(0))
+
+    on_call, batch = asyncio.run(run())
+    assert on_call == [("served", "by"), Bound("replica")]
+    assert batch == [("k", "data: 1\n\n"), ("k", "data: 2\n\n"), ("k", STREAM_END)]
+
+
+def test_a_channel_call_that_reached_another_replica_is_refused() -> None:
+    async def run() -> None:
+        await anext(Outboxes("replica").drain("caller", "other", 0))
+
+    with pytest.raises(WrongReplicaError):
+        asyncio.run(run())

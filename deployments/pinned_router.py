@@ -1,7 +1,8 @@
-"""Generate's request router: Serve's power of two choices, plus pinned calls.
+"""A request router for tiers with step channels: Serve's power of two choices,
+plus pinned calls.
 
-A step channel (``step_channel.py``) must reach the one Generate replica that
-holds the caller's streams, and Serve routes every handle call by load. A
+A step channel (``step_channel.py``) must reach the one replica that holds
+the caller's streams, and Serve routes every handle call by load. A
 call that names a replica (``replica=<unique id>``, a keyword argument the
 method also receives and checks) goes to that replica; every other call is
 routed as Serve routes it by default. If the named replica is gone, the call
@@ -14,6 +15,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from ray.serve.config import RequestRouterConfig
 from ray.serve.request_router import (
     LocalityMixin,
     PendingRequest,
@@ -24,7 +26,7 @@ from ray.serve.request_router import (
 
 # No FIFOMixin: it hands a chosen replica to the oldest waiting request, which
 # would give a pinned call's replica to another call.
-class GenerateRouter(LocalityMixin, RequestRouter):
+class PinnedRouter(LocalityMixin, RequestRouter):
     async def choose_replicas(
         self,
         candidate_replicas: list[RunningReplica],
@@ -39,3 +41,7 @@ class GenerateRouter(LocalityMixin, RequestRouter):
         local = self.apply_locality_routing(pending_request)
         pool = [r for r in candidate_replicas if r.replica_id in local] or candidate_replicas
         return [random.sample(pool, min(2, len(pool)))]
+
+
+# Ray 2.60 annotates RequestRouterConfig's **kwargs as dict values; the field takes a class.
+PINNED_ROUTING = RequestRouterConfig(request_router_class=PinnedRouter)  # type: ignore[arg-type]
