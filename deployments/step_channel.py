@@ -59,20 +59,26 @@ class Outbox:
     def __init__(self) -> None:
         self._items: list[tuple[str, Any]] = []
         self._wake = asyncio.Event()
+        self._first = asyncio.Event()
         self.closed = False
 
-    def put(self, key: str, item: Any) -> None:
+    def put(self, key: str, item: Any, *, first: bool = False) -> None:
+        """Queue ``item`` for the channel; a stream's ``first`` event is never
+        held for the window."""
         if self.closed:
             raise ChannelClosedError("the caller's step channel to this replica is closed")
         self._items.append((key, item))
         self._wake.set()
+        if first:
+            self._first.set()
 
     async def batches(self, window_s: float) -> AsyncIterator[list[tuple[str, Any]]]:
         """Everything put since the last batch, one list per wake-up.
 
         One ``sleep(0)`` before draining lets every stream the engine step just
         woke put its event first. After a batch, events within ``window_s``
-        wait to go together; the first event after a quiet spell never waits.
+        wait to go together; the first event after a quiet spell, and a
+        stream's first event, never wait.
         """
         loop = asyncio.get_running_loop()
         last_sent = -math.inf
@@ -84,8 +90,13 @@ class Outbox:
                 yield []  # fails once the caller is gone, which ends the channel
                 continue
             hold = last_sent + window_s - loop.time()
-            await asyncio.sleep(max(hold, 0))
+            if hold > 0 and not self._first.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(hold):
+                        await self._first.wait()
+            await asyncio.sleep(0)
             self._wake.clear()
+            self._first.clear()
             items, self._items = self._items, []
             yield items
             last_sent = loop.time()
@@ -117,6 +128,8 @@ class Outboxes:
                     continue
                 yield Bound(self._replica)
                 outbox = self.get(caller)
+                outbox.put(key, item, first=True)
+                continue
             outbox.put(key, item)
         if outbox is not None:
             outbox.put(key, STREAM_END)

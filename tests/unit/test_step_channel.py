@@ -108,3 +108,18 @@ def test_a_channel_call_that_reached_another_replica_is_refused() -> None:
 
     with pytest.raises(WrongReplicaError):
         asyncio.run(run())
+
+
+def test_a_streams_first_event_is_not_held_for_the_window() -> None:
+    async def run() -> float:
+        loop = asyncio.get_running_loop()
+        box = Outbox()
+        batches = box.batches(window_s=10)
+        box.put("a", 1)
+        await anext(batches)  # a batch just went: the next waits up to 10 s…
+        start = loop.time()
+        box.put("b", 1, first=True)  # …unless a stream starts
+        assert await anext(batches) == [("b", 1)]
+        return loop.time() - start
+
+    assert asyncio.run(run()) < 1
