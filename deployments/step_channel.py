@@ -178,7 +178,9 @@ class StepChannels:
         The call itself ends with the stream; if it fails instead (an error in
         the replica, the replica gone), that error ends the stream here.
         """
-        queue = self._queues[key]
+        queue = self._queues.get(key)
+        if queue is None:  # cancelled before its stream began
+            return
         channel = self._channel(bound.replica)
         channel.keys.add(key)
         if channel.error is not None:
