@@ -104,14 +104,9 @@ class Derender:
         finally:
             call.cancel()
 
-    async def text(self, job: TextJob) -> AsyncIterator[Any]:
-        """Tier placement: OpenAI chat/completion output for a rendered request."""
-        yield served_by("tier")
-        async for item in self._text_items(job, openai_event, self._coalesce_s):
-            yield item
-
     async def text_bound(self, job: TextJob, caller: str, key: str) -> AsyncIterator[Any]:
-        """``text`` with the stream's events on the caller's step channel."""
+        """Tier placement: OpenAI chat/completion output for a rendered request,
+        a stream's events on the caller's step channel."""
         items = self._text_items(job, openai_event)
         async for item in self._outboxes.bind(_prepend(served_by("tier"), items), caller, key):
             yield item
@@ -121,10 +116,9 @@ class Derender:
         async for batch in self._outboxes.drain(caller, replica, self._coalesce_s):
             yield batch
 
-    async def _text_items(
-        self, job: TextJob, event: ChunkEvent, coalesce_s: float | None = None
-    ) -> AsyncIterator[Any]:
-        """The job's output, each stream chunk written by ``event``."""
+    async def _text_items(self, job: TextJob, event: ChunkEvent) -> AsyncIterator[Any]:
+        """The job's output, each stream chunk written by ``event`` (not coalesced:
+        the step channel batches it)."""
         stream = bool(job.generate_request.stream)
         stream_id = job.generate_request.request_id
         self._streams[stream_id] = self._streams.get(stream_id, 0) + 1
@@ -133,7 +127,7 @@ class Derender:
             first = await anext(events)
             done = isinstance(first, (ErrorResponse, GenerateTokensResponse))
             result = first if done else _prepend(first, events)
-            async for item in self._text.respond(job, result, coalesce_s, event):
+            async for item in self._text.respond(job, result, None, event):
                 yield item
         finally:
             await events.aclose()
@@ -162,31 +156,21 @@ class Derender:
         if channels is not None:
             channels.stop()
 
-    async def generate_derender(
-        self, request: GenerateRequest, context: ParseContext | None
-    ) -> AsyncIterator[Any]:
-        """``output_mode: "derender"``: the parsed assistant message, unary or streamed."""
-        async for item in self._derender_items(request, context, self._coalesce_s):
-            yield item
-
     async def generate_derender_bound(
         self, request: GenerateRequest, context: ParseContext | None, caller: str, key: str
     ) -> AsyncIterator[Any]:
-        """``generate_derender`` with the stream's events on the caller's step channel."""
-        items = self._derender_items(request, context)
-        async for item in self._outboxes.bind(items, caller, key):
+        """``output_mode: "derender"``: the parsed assistant message, unary or
+        streamed, a stream's events on the caller's step channel."""
+        async for item in self._outboxes.bind(self._derender_items(request, context), caller, key):
             yield item
 
     async def _derender_items(
-        self,
-        request: GenerateRequest,
-        context: ParseContext | None,
-        coalesce_s: float | None = None,
+        self, request: GenerateRequest, context: ParseContext | None
     ) -> AsyncIterator[Any]:
         model = request.model or self._config.model_name
         chat = (context or ParseContext()).chat_request(model)
         job = TextJob(generate_request=request, chat_request=chat, model_name=model)
-        async for item in self._text_items(job, _derender_event, coalesce_s):
+        async for item in self._text_items(job, _derender_event):
             yield _derender_response(item) if isinstance(item, ChatCompletionResponse) else item
 
     async def derender_chat(
