@@ -29,11 +29,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +41,9 @@ from typing import Any
 import httpx
 import psutil
 
-from bench.observe import sample
+from bench.hostcpu_report import Result, report, row
+from bench.metrics import engine_steps
+from bench.observe import sample, tree_cpu_s
 from tests.support.servers import REPO, TINY_MODEL, Server, free_port, running, running_graph
 
 PACED = "tests.support.paced_decode:PacedDecode"
@@ -64,7 +65,6 @@ GRAPH_ARGS: dict[str, Any] = {
 }
 GRAPH_MODES = ("tokens", "inline", "tier")
 ENGINE_CORE = "EngineCore"  # vLLM titles its engine core process VLLM::EngineCore
-TIERS = ("Generate", "Derender", "Ingress", "proxy", "Render")
 
 
 @dataclass
@@ -85,41 +85,10 @@ class Load:
         }
 
 
-@dataclass
-class Result:
-    mode: str
-    tokens: int
-    wall_s: float
-    cpu_s: float
-    """Every process of the server."""
-    engine_core_s: float
-    """vLLM's engine core processes (the model and scheduler; no serving work)."""
-    tiers: dict[str, float]
-    """CPU seconds per tier (the graph's replicas and proxy)."""
-
-    def per_token_ms(self, cpu_s: float) -> float:
-        return cpu_s / self.tokens * 1000
-
-    @property
-    def generate_host_s(self) -> float:
-        return self.tiers.get("Generate", self.cpu_s)
-
-
-def tree_cpu_s(pid: int) -> tuple[float, float]:
-    """CPU seconds (user + system) of ``pid`` and every descendant alive now, and
-    of the vLLM engine cores among them."""
+def cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds of ``pid``'s process tree, and of the vLLM engine cores in it."""
     root = psutil.Process(pid)
-    total = engine = 0.0
-    for process in [root, *root.children(recursive=True)]:
-        try:
-            times = process.cpu_times()
-            title = " ".join(process.cmdline()) or process.name()
-        except psutil.Error:
-            continue
-        cpu = times.user + times.system + times.children_user + times.children_system
-        total += cpu
-        engine += cpu if ENGINE_CORE in title else 0.0
-    return total, engine
+    return tree_cpu_s(root), tree_cpu_s(root, only=ENGINE_CORE)
 
 
 async def _chunks(
@@ -206,16 +175,23 @@ def measure_warm(server: Server, load: Load, mode: str, port: int | None) -> Res
     assert server.process is not None
     pid = server.process.pid
     before_tiers = sample(0, "default", port) if port is not None else None
-    before, before_engine = tree_cpu_s(pid)
+    before, before_engine = cpu_s(pid)
+    steps_before = _steps(server.base_url)
     tokens, wall = asyncio.run(_run_load(server.base_url, load, mode))
-    after, after_engine = tree_cpu_s(pid)
+    after, after_engine = cpu_s(pid)
+    steps = _steps(server.base_url) - steps_before
     tiers: dict[str, float] = {}
     if before_tiers is not None and port is not None:
         after_tiers = sample(0, "default", port)
         for process_id, (tier, value) in after_tiers.cpu_s.items():
             start = before_tiers.cpu_s.get(process_id, (tier, 0.0))[1]
             tiers[tier] = tiers.get(tier, 0.0) + value - start
-    return Result(mode, tokens, wall, after - before, after_engine - before_engine, tiers)
+    return Result(mode, tokens, wall, after - before, after_engine - before_engine, steps, tiers)
+
+
+def _steps(base_url: str) -> float:
+    """The engine steps taken so far by the server's engines (its ``/metrics``)."""
+    return engine_steps(httpx.get(f"{base_url}/metrics", timeout=30).text)
 
 
 @contextmanager
@@ -243,7 +219,7 @@ def measure_vllm(work: Path, load: Load, label: str, repeat: int) -> Result:
         runs = [measure(server, load, "vllm", None)]
         runs += [measure_warm(server, load, "vllm", None) for _ in range(repeat - 1)]
     result = combined(runs, label)
-    print(_row(result), flush=True)
+    print(row(result), flush=True)
     return result
 
 
@@ -259,6 +235,7 @@ def combined(results: list[Result], label: str) -> Result:
         wall_s=sum(r.wall_s for r in results) / len(results),
         cpu_s=sum(r.cpu_s for r in results),
         engine_core_s=sum(r.engine_core_s for r in results),
+        steps=sum(r.steps for r in results),
         tiers=tiers,
     )
 
@@ -281,94 +258,8 @@ def run_graph_modes(
     results = []
     for mode, mode_runs in runs.items():
         results.append(combined(mode_runs, f"{label} {mode}" if label else mode))
-        print(_row(results[-1]), flush=True)
+        print(row(results[-1]), flush=True)
     return results
-
-
-def _row(r: Result) -> str:
-    tiers = " | ".join(f"{r.per_token_ms(r.tiers[t]):.2f}" if t in r.tiers else "–" for t in TIERS)
-    return (
-        f"| {r.mode} | {r.tokens} | {r.per_token_ms(r.cpu_s):.2f} "
-        f"| {r.per_token_ms(r.generate_host_s):.2f} | {r.per_token_ms(r.engine_core_s):.2f} "
-        f"| {tiers} | {r.wall_s:.1f} |"
-    )
-
-
-def _ratio(results: dict[str, Result], a: str, b: str, of: Callable[[Result], float]) -> str:
-    if a not in results or b not in results:
-        return "–"
-    return f"{of(results[a]) / of(results[b]):.2f}×"
-
-
-def targets(results: list[Result], label: str) -> list[str]:
-    """The issue's targets, as ratios between rows of this run."""
-    by = {r.mode: r for r in results}
-    p = f"{label} " if label else ""
-
-    def total(r: Result) -> float:
-        return r.cpu_s / r.tokens
-
-    def host(r: Result) -> float:
-        return r.generate_host_s / r.tokens
-
-    def tiers(r: Result) -> float:
-        return sum(r.tiers.values()) / r.tokens
-
-    def wall(r: Result) -> float:
-        return r.wall_s
-
-    rows = [
-        ("graph CPU/token, inline ÷ vLLM", f"{p}inline", "vllm", total, "≤ 1.2×"),
-        ("graph CPU/token, tier ÷ vLLM", f"{p}tier", "vllm", total, "≤ 1.35×"),
-        ("Generate host CPU/token, tier ÷ tokens", f"{p}tier", f"{p}tokens", host, "≤ 1.05×"),
-        ("Generate host CPU/token, tier ÷ inline", f"{p}tier", f"{p}inline", host, "≤ 0.85×"),
-        ("all tiers CPU/token, tier ÷ inline", f"{p}tier", f"{p}inline", tiers, "≤ 1.15×"),
-        ("wall, inline ÷ vLLM", f"{p}inline", "vllm", wall, "≤ 1.1×"),
-        ("wall, tier ÷ vLLM", f"{p}tier", "vllm", wall, "≤ 1.1×"),
-    ]
-    return [
-        f"| {label or 'default'} | {name} | {_ratio(by, a, b, of)} | {goal} |"
-        for name, a, b, of, goal in rows
-    ]
-
-
-def report(args: argparse.Namespace, results: list[Result], labels: list[str]) -> str:
-    head = (
-        "| run | tokens | CPU ms/token, all processes | Generate host | of which engine core | "
-        + " | ".join(TIERS)
-        + " | wall s |"
-    )
-    lines = [
-        "# Host CPU per output token: vLLM's server and the graph",
-        "",
-        f"`{' '.join(['python -m bench.hostcpu', *sys.argv[1:]])}`",
-        "",
-        f"Host: {platform.machine()}, {psutil.cpu_count()} CPUs; {args.streams} chat streams "
-        f"of {args.tokens} tokens at once, engine step held {args.pace_ms:g} ms; "
-        f"one Generate and one Derender replica; each row warmed up, then run "
-        f"{args.repeat} time(s) (graph modes in turn), CPU and tokens summed.",
-        "",
-        "*vllm*: its server measured before and after the graph rows, and both together "
-        "(CPU and tokens summed, wall averaged), which the targets use. "
-        "CPU milliseconds per output token. *All processes*: vLLM's server and its engine "
-        "core; for the graph, every process under `serve run` (Ray's own included). "
-        "*Generate host*: vLLM's whole server, or the graph's Generate replica with its "
-        "engine core; *engine core*: vLLM's `EngineCore` process alone (model and "
-        "scheduler, no serving work). The tier columns are the graph's replica "
-        "process trees and Serve's HTTP proxy.",
-        "",
-        head,
-        "|" + "---|" * (head.count("|") - 1),
-        *(_row(r) for r in results),
-        "",
-        "Targets (issue 13), as ratios between rows of this run:",
-        "",
-        "| graph | ratio | measured | target |",
-        "|---|---|---|---|",
-    ]
-    for label in labels:
-        lines += targets(results, label)
-    return "\n".join(lines) + "\n"
 
 
 def _env_pairs(text: str) -> dict[str, str]:

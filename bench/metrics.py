@@ -18,3 +18,14 @@ def running_requests(metrics_text: str) -> dict[str, int]:
         for match in map(UNFINISHED.match, metrics_text.splitlines())
         if match
     }
+
+
+# vLLM's histogram of tokens per engine step: its count is the engine's steps.
+STEPS = re.compile(r"^vllm:iteration_tokens_total_count(?:\{[^}]*\})? (?P<value>\S+)$")
+
+
+def engine_steps(metrics_text: str) -> float:
+    """Engine steps so far, summed over every engine in the exposition."""
+    return sum(
+        float(match["value"]) for match in map(STEPS.match, metrics_text.splitlines()) if match
+    )

@@ -42,11 +42,15 @@ def _tier_of(process: psutil.Process, app: str) -> str | None:
     return "proxy" if PROXY_TITLE in title and title.startswith("ray::") else None
 
 
-def _tree_cpu_s(process: psutil.Process) -> float:
+def tree_cpu_s(process: psutil.Process, *, only: str | None = None) -> float:
+    """CPU seconds (user + system) of ``process`` and every descendant alive now;
+    with ``only``, of those whose command line holds it."""
     total = 0.0
     for p in [process, *process.children(recursive=True)]:
         try:
             times = p.cpu_times()
+            if only is not None and only not in (" ".join(p.cmdline()) or p.name()):
+                continue
         except psutil.Error:
             continue
         total += times.user + times.system
@@ -85,7 +89,7 @@ def sample(t_s: float, app: str, port: int) -> Sample:
         if tier != "proxy":
             replicas[tier] = replicas.get(tier, 0) + 1
         try:
-            cpu[process.pid] = (tier, _tree_cpu_s(process))
+            cpu[process.pid] = (tier, tree_cpu_s(process))
         except psutil.Error:
             continue
     return Sample(t_s, replicas, cpu)

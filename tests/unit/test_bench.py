@@ -8,7 +8,7 @@ import pytest
 
 from bench.arrivals import Phase, arrival_times, parse_ramp
 from bench.clients import CLIENTS
-from bench.metrics import running_requests
+from bench.metrics import engine_steps, running_requests
 from bench.report import cell_text, markdown_table
 from bench.shapes import make_requests, output_range
 from bench.stats import RequestRecord, percentile, summarize, tpot_ms
@@ -127,6 +127,19 @@ def test_running_requests_reads_the_gauge_per_replica() -> None:
     )
     assert running_requests(text) == {"a1": 2, "b2": 0}
     assert running_requests("# TYPE scaleout_engine_unfinished_requests gauge\n") == {}
+
+
+def test_engine_steps_sums_the_step_histogram_count_over_engines() -> None:
+    text = (
+        "# TYPE vllm:iteration_tokens_total histogram\n"
+        'vllm:iteration_tokens_total_bucket{engine="0",le="1.0",replica="a1"} 3.0\n'
+        'vllm:iteration_tokens_total_count{engine="0",model_name="m",replica="a1"} 120.0\n'
+        'vllm:iteration_tokens_total_sum{engine="0",model_name="m",replica="a1"} 900.0\n'
+        'vllm:iteration_tokens_total_count{engine="0",model_name="m",replica="b2"} 30.0\n'
+    )
+    assert engine_steps(text) == 150.0
+    assert engine_steps("vllm:iteration_tokens_total_count 7.0\n") == 7.0
+    assert engine_steps("") == 0.0
 
 
 def test_every_topology_has_a_bench_client() -> None:
