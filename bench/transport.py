@@ -81,7 +81,7 @@ def build() -> Any:
     from ray import serve
     from ray.serve.handle import DeploymentHandle
 
-    from deployments.coalesce import coalesce_events
+    from deployments.coalesce import coalesced
     from deployments.pinned_router import PINNED_ROUTING
     from deployments.step_channel import Outboxes, StepChannels
 
@@ -109,7 +109,7 @@ def build() -> Any:
             self, tokens: int, pace_s: float, window_s: float | None
         ) -> AsyncIterator[str]:
             events = self._events(tokens, pace_s)
-            source = events if window_s is None else coalesce_events(events, window_s)
+            source = coalesced(events, window_s)
             async for item in source:
                 yield item
 
@@ -139,7 +139,7 @@ def build() -> Any:
             self, tokens: int, pace_s: float, window_s: float | None
         ) -> AsyncIterator[str]:
             call: Any = self._source.stream.remote(tokens, pace_s, window_s)
-            source = call if window_s is None else coalesce_events(call, window_s)
+            source = coalesced(call, window_s)
             async for item in source:
                 yield item
 

@@ -30,6 +30,12 @@ class _End:
         self.error = error
 
 
+def coalesced(source: AsyncIterator[Any], window_s: float | None) -> AsyncIterator[Any]:
+    """``source`` coalesced per ``window_s``; as it is with None (a step channel
+    batches it instead)."""
+    return source if window_s is None else coalesce_events(source, window_s)
+
+
 async def coalesce_events(source: AsyncIterator[Any], window_s: float) -> AsyncIterator[Any]:
     """``source``'s items, with runs of ``str`` events joined per ``window_s``."""
     queue: asyncio.Queue[Any] = asyncio.Queue()

@@ -29,7 +29,7 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
 )
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
-from .coalesce import coalesce_events
+from .coalesce import coalesced
 from .config import GraphConfig
 from .control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from .control_protocol import ControlCommand, EngineState
@@ -156,8 +156,7 @@ class Generate:
             if isinstance(result, (ErrorResponse, GenerateResponseBase)):
                 yield result
                 return
-            events = result if coalesce_s is None else coalesce_events(result, coalesce_s)
-            async for event in events:
+            async for event in coalesced(result, coalesce_s):
                 yield event
         finally:
             # A cancelled call (client gone, caller cancelled) must free its

@@ -10,7 +10,8 @@ yields whatever the step produced, for all those streams, as one item.
 
 Each stream keeps its own streamed call (a ``*_bound`` method), which carries
 what comes before the stream (a ``ServedBy`` marker, an error value, a unary
-response) and then, instead of the events, where they go (``Bound``). It
+response) and then, instead of the events, where they go (``Bound``, with the
+stream's first event, so a first token never waits for a channel batch). It
 stays open until the stream ends, so that cancelling it (client gone, abort,
 caller cancelled) stops the work exactly as before, and so that its failure
 (an engine that ends it with an error, a dead replica) reaches the caller.
@@ -40,9 +41,11 @@ KEEPALIVE_S = 10.0
 
 @dataclass(frozen=True)
 class Bound:
-    """A bound call's item: the stream's events come on ``replica``'s channel."""
+    """A bound call's item: the stream's ``first`` event, and where the rest come
+    from: ``replica``'s channel."""
 
     replica: str
+    first: Any
 
 
 class ChannelClosedError(RuntimeError):
@@ -59,26 +62,22 @@ class Outbox:
     def __init__(self) -> None:
         self._items: list[tuple[str, Any]] = []
         self._wake = asyncio.Event()
-        self._first = asyncio.Event()
         self.closed = False
 
-    def put(self, key: str, item: Any, *, first: bool = False) -> None:
-        """Queue ``item`` for the channel; a stream's ``first`` event is never
-        held for the window."""
+    def put(self, key: str, item: Any) -> None:
+        """Queue ``item`` for the channel."""
         if self.closed:
             raise ChannelClosedError("the caller's step channel to this replica is closed")
         self._items.append((key, item))
         self._wake.set()
-        if first:
-            self._first.set()
 
     async def batches(self, window_s: float) -> AsyncIterator[list[tuple[str, Any]]]:
         """Everything put since the last batch, one list per wake-up.
 
         One ``sleep(0)`` before draining lets every stream the engine step just
         woke put its event first. After a batch, events within ``window_s``
-        wait to go together; the first event after a quiet spell, and a
-        stream's first event, never wait.
+        wait to go together; the first event after a quiet spell never waits
+        (and a stream's first event is not here: it rides on ``Bound``).
         """
         loop = asyncio.get_running_loop()
         last_sent = -math.inf
@@ -90,13 +89,10 @@ class Outbox:
                 yield []  # fails once the caller is gone, which ends the channel
                 continue
             hold = last_sent + window_s - loop.time()
-            if hold > 0 and not self._first.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(hold):
-                        await self._first.wait()
+            if hold > 0:
+                await asyncio.sleep(hold)
             await asyncio.sleep(0)
             self._wake.clear()
-            self._first.clear()
             items, self._items = self._items, []
             yield items
             last_sent = loop.time()
@@ -118,17 +114,16 @@ class Outboxes:
 
     async def bind(self, items: AsyncIterator[Any], caller: str, key: str) -> AsyncIterator[Any]:
         """A bound call's body: ``items`` as the plain call would yield them, up to
-        the first SSE event; from there on ``Bound``, and the events go out on
-        the caller's channel. Raises what ``items`` raises, or if the channel broke."""
+        the first SSE event; that one on ``Bound``, and the rest on the caller's
+        channel. Raises what ``items`` raises, or if the channel broke."""
         outbox: Outbox | None = None
         async for item in items:
             if outbox is None:
                 if not isinstance(item, str):
                     yield item
                     continue
-                yield Bound(self._replica)
                 outbox = self.get(caller)
-                outbox.put(key, item, first=True)
+                yield Bound(self._replica, item)
                 continue
             outbox.put(key, item)
         if outbox is not None:
@@ -187,6 +182,7 @@ class StepChannels:
             queue.put_nowait(_Failed(channel.error))
         watcher = asyncio.create_task(_fail_on_error(response, queue))
         try:
+            yield bound.first
             while True:
                 item = await queue.get()
                 if item is STREAM_END:

@@ -42,7 +42,7 @@ from vllm.renderers.online_derenderer import (
 )
 
 from .chat_message import GeneratedChoice, chat_choice
-from .coalesce import coalesce_events
+from .coalesce import coalesced
 from .errors import bad_request
 from .protocol import TextJob
 from .sse import DONE, sse_data, sse_event, sse_stream_payloads
@@ -103,7 +103,7 @@ class TextOutput:
             yield await self.unary(job, result)
             return
         events = self.stream(job, result, event)
-        async for item in events if coalesce_s is None else coalesce_events(events, coalesce_s):
+        async for item in coalesced(events, coalesce_s):
             yield item
 
     async def unary(

@@ -86,7 +86,7 @@ def test_an_idle_channel_sends_empty_batches(monkeypatch: pytest.MonkeyPatch) ->
     assert asyncio.run(run()) == []
 
 
-def test_a_bound_call_yields_what_comes_before_the_stream_then_sends_the_stream_on() -> None:
+def test_a_bound_call_yields_what_precedes_the_stream_then_binds_it_with_its_first_event() -> None:
     async def marker_then_events() -> AsyncIterator[object]:
         yield ("served", "by")  # not an event: goes on the call itself
         yield "data: 1\n\n"
@@ -98,8 +98,9 @@ def test_a_bound_call_yields_what_comes_before_the_stream_then_sends_the_stream_
         return on_call, await anext(boxes.get("caller").batches(0))
 
     on_call, batch = asyncio.run(run())
-    assert on_call == [("served", "by"), Bound("replica")]
-    assert batch == [("k", "data: 1\n\n"), ("k", "data: 2\n\n"), ("k", STREAM_END)]
+    # The first event rides on Bound: a first token never waits for a channel batch.
+    assert on_call == [("served", "by"), Bound("replica", "data: 1\n\n")]
+    assert batch == [("k", "data: 2\n\n"), ("k", STREAM_END)]
 
 
 def test_a_channel_call_that_reached_another_replica_is_refused() -> None:
@@ -108,18 +109,3 @@ def test_a_channel_call_that_reached_another_replica_is_refused() -> None:
 
     with pytest.raises(WrongReplicaError):
         asyncio.run(run())
-
-
-def test_a_streams_first_event_is_not_held_for_the_window() -> None:
-    async def run() -> float:
-        loop = asyncio.get_running_loop()
-        box = Outbox()
-        batches = box.batches(window_s=10)
-        box.put("a", 1)
-        await anext(batches)  # a batch just went: the next waits up to 10 s…
-        start = loop.time()
-        box.put("b", 1, first=True)  # …unless a stream starts
-        assert await anext(batches) == [("b", 1)]
-        return loop.time() - start
-
-    assert asyncio.run(run()) < 1
