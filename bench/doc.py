@@ -21,7 +21,7 @@ from typing import Any
 
 from deployments.topologies import app_config
 
-from .report import load, load_table, markdown_table
+from .report import cpu_per_1k_table, load, load_table, markdown_table
 from .topology import CONFIGS
 
 SHAPE_RANGES = {"chat": (128, 512), "tools": (64, 256), "reasoning": (2048, 8192)}
@@ -185,6 +185,10 @@ def write_doc(
         "\nRequests, output throughput and CPU seconds per tier (each tier's processes, "
         "Generate including its engine):\n",
         load_table(cells),
+        "\nCPU seconds per 1,000 output tokens delivered, *Generate* (its replica and "
+        "engine processes) */ all tiers* (every replica and Serve's proxy), per cell. "
+        "A cell that did not drain counts only the tokens of its completed requests:\n",
+        cpu_per_1k_table(spec, cells),
         f"\n![TTFT and TPOT against rate]({rel}/latency.png)\n",
         f"![Replicas per deployment, per topology run]({rel}/replicas.png)\n",
         "## S against T and B, computed from the table\n",
@@ -192,7 +196,9 @@ def write_doc(
         f"- TPOT p50, S / T: {ratios(cells, 'S', 'T', 'tpot_p50_ms')}.",
         f"- TTFT p50, S / B: {ratios(cells, 'S', 'B', 'ttft_p50_ms')}.",
         f"- TPOT p50, S / B: {ratios(cells, 'S', 'B', 'tpot_p50_ms')}.",
-        f"- TTFT p50, I / T: {ratios(cells, 'I', 'T', 'ttft_p50_ms')}.\n",
+        f"- TTFT p50, I / T: {ratios(cells, 'I', 'T', 'ttft_p50_ms')}.",
+        f"- TTFT p50, S / I: {ratios(cells, 'S', 'I', 'ttft_p50_ms')}.",
+        f"- TPOT p50, S / I: {ratios(cells, 'S', 'I', 'tpot_p50_ms')}.\n",
     ]
     if findings is not None:
         parts += [findings.read_text()]

@@ -83,6 +83,29 @@ def load_table(cells: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cpu_per_1k_table(spec: dict[str, Any], cells: list[dict[str, Any]]) -> str:
+    """CPU seconds per 1,000 output tokens: ``Generate / all tiers`` per cell
+    (Generate with its engine; all tiers: every replica and Serve's proxy)."""
+    by_key = {(c["topology"], c["shape"], c["rps"]): c for c in cells}
+    topologies = [t for t in spec["topologies"] if any(c["topology"] == t for c in cells)]
+    header = ["shape @ rps", *(TOPOLOGY_NAMES.get(t, t) for t in topologies)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for shape in spec["shapes"]:
+        for rps in spec["rps"]:
+            row = [f"{shape} @{rps:g}"]
+            for t in topologies:
+                cell = by_key.get((t, shape, rps))
+                tokens = cell["output_tokens_per_s"] * cell["wall_s"] if cell else 0.0
+                if cell is None or tokens < 1:
+                    row.append("–")
+                    continue
+                per_1k = 1000 / tokens
+                generate = cell["cpu_s"].get("Generate", 0.0) * per_1k
+                row.append(f"{generate:.1f} / {sum(cell['cpu_s'].values()) * per_1k:.1f}")
+            lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_csv(cells: list[dict[str, Any]], path: Path) -> None:
     tiers = sorted({tier for c in cells for tier in c["cpu_s"]})
     fields = [k for k in cells[0] if k != "cpu_s"] if cells else []
@@ -169,6 +192,8 @@ def write_report(out: Path) -> str:
     text = (
         "TTFT p50/p95 | TPOT p50/p95 (ms)\n\n" + table
         + "\nRequests, throughput and CPU per tier\n\n" + load_table(cells)
+        + "\nCPU s per 1k output tokens, Generate / all tiers\n\n"
+        + cpu_per_1k_table(spec, cells)
     )  # fmt: skip
     (out / "table.md").write_text(text)
     write_csv(cells, out / "cells.csv")

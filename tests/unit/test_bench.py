@@ -7,11 +7,12 @@ import itertools
 import pytest
 
 from bench.arrivals import Phase, arrival_times, parse_ramp
+from bench.capacity import BUSY, Rung, highest
 from bench.clients import CLIENTS
 from bench.metrics import engine_steps, running_requests
-from bench.report import cell_text, markdown_table
+from bench.report import cell_text, cpu_per_1k_table, markdown_table
 from bench.shapes import make_requests, output_range
-from bench.stats import RequestRecord, percentile, summarize, tpot_ms
+from bench.stats import CellSummary, RequestRecord, percentile, summarize, tpot_ms
 from bench.topology import Overrides, topology_config
 from deployments.config import GraphConfig
 from deployments.topologies import TOPOLOGIES
@@ -96,6 +97,42 @@ def test_table_in_the_seed_format() -> None:
     assert lines[0] == "| shape @ rps | T (inline text) | S (stateful tier) |"
     assert lines[2] == "| chat @2 | did not drain | 113/156 \\| 13.81/14.50 |"
     assert lines[3] == "| tools @2 | n/a | n/a |"
+
+
+def test_cpu_per_1k_tokens_is_generate_and_all_tiers_over_the_cells_tokens() -> None:
+    cell = {
+        "topology": "S", "shape": "chat", "rps": 1.0, "wall_s": 20.0,
+        "output_tokens_per_s": 100.0,  # 2,000 tokens
+        "cpu_s": {"Generate": 6.0, "Derender": 1.0, "proxy": 1.0},
+    }  # fmt: skip
+    spec = {"topologies": ["S", "I"], "shapes": ["chat"], "rps": [1.0]}
+    table = cpu_per_1k_table(spec, [cell, {**cell, "topology": "I", "output_tokens_per_s": 0}])
+    assert table.splitlines()[2] == "| chat @1 | 3.0 / 4.0 | – |"
+
+
+def _rung(rps: float, sustained: bool) -> Rung:
+    summary = CellSummary("I", "chat", rps, 1, 1, 0, True, 1.0, *[None] * 6, 0.0)
+    return Rung("I", rps, sustained, summary)
+
+
+def test_the_highest_sustained_rate_is_the_last_before_the_first_failure() -> None:
+    idle = _rung(0.0, True)
+    assert highest([idle, _rung(1, True), _rung(2, True), _rung(3, False)]) == 2
+    # A rate that passes after one that failed does not count (noise, not capacity).
+    assert highest([idle, _rung(1, False), _rung(2, True)]) == 0
+    assert highest([idle]) == 0
+
+
+def test_busy_reads_the_graphs_gauge_and_vllms_own() -> None:
+    lines = [
+        'scaleout_engine_unfinished_requests{replica="a"} 2.0',
+        'vllm:num_requests_running{engine="0",model_name="m"} 0.0',
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 1.0',
+        'vllm:num_requests_running_total{engine="0"} 9.0',
+    ]
+    assert [m["value"] if (m := BUSY.match(line)) else None for line in lines] == [
+        "2.0", "0.0", "1.0", None,
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("topology", ["G", "BP", "S"])
