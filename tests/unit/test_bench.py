@@ -118,7 +118,10 @@ def _rung(rps: float, sustained: bool) -> Rung:
 def test_the_highest_sustained_rate_is_the_last_before_the_first_failure() -> None:
     idle = _rung(0.0, True)
     assert highest([idle, _rung(1, True), _rung(2, True), _rung(3, False)]) == 2
-    # A rate that passes after one that failed does not count (noise, not capacity).
+    # A failed try followed by a sustained one (a retry) sustains the rate.
+    retried = [idle, _rung(1, True), _rung(2, False), _rung(2, True), _rung(3, False)]
+    assert highest([*retried, _rung(3, False)]) == 2
+    # A higher rate after one no try sustained does not count.
     assert highest([idle, _rung(1, False), _rung(2, True)]) == 0
     assert highest([idle]) == 0
 
