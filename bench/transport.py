@@ -83,7 +83,7 @@ def build() -> Any:
 
     from deployments.coalesce import coalesced
     from deployments.pinned_router import PINNED_ROUTING
-    from deployments.step_channel import Outboxes, StepChannels
+    from deployments.step_channel import ChannelSource, Outboxes, StepChannels
 
     def replica_id() -> str:
         return str(serve.get_replica_context().replica_id.unique_id)
@@ -93,10 +93,11 @@ def build() -> Any:
         max_ongoing_requests=1024,
         request_router_config=PINNED_ROUTING,
     )
-    class Source:
+    class Source(ChannelSource):
         def __init__(self) -> None:
             self._clocks: dict[float, StepClock] = {}
             self._outboxes = Outboxes(replica_id())
+            self._coalesce_s = CHANNEL_WINDOW_S
 
         async def _events(self, tokens: int, pace_s: float) -> AsyncIterator[str]:
             clock = self._clocks.setdefault(pace_s, StepClock(pace_s))
@@ -119,21 +120,18 @@ def build() -> Any:
             async for item in self._outboxes.bind(self._events(tokens, pace_s), caller, key):
                 yield item
 
-        async def step_channel(self, caller: str, replica: str) -> AsyncIterator[Any]:
-            async for batch in self._outboxes.drain(caller, replica, CHANNEL_WINDOW_S):
-                yield batch
-
     @serve.deployment(
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=1024,
         num_replicas=2,
         request_router_config=PINNED_ROUTING,
     )
-    class Tier:
+    class Tier(ChannelSource):
         def __init__(self, source: DeploymentHandle) -> None:
             self._source = source.options(stream=True)
             self._channels = StepChannels(source, replica_id())
             self._outboxes = Outboxes(replica_id())
+            self._coalesce_s = CHANNEL_WINDOW_S
 
         async def relay(
             self, tokens: int, pace_s: float, window_s: float | None
@@ -153,10 +151,6 @@ def build() -> Any:
                     yield item
             finally:
                 call.cancel()
-
-        async def step_channel(self, caller: str, replica: str) -> AsyncIterator[Any]:
-            async for batch in self._outboxes.drain(caller, replica, CHANNEL_WINDOW_S):
-                yield batch
 
     @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=16)
     class Sink:

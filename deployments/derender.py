@@ -53,7 +53,7 @@ from .protocol import (
 from .render import build_render_state
 from .routable import wait_routed
 from .sse import sse_event
-from .step_channel import Outboxes, StepChannels
+from .step_channel import ChannelSource, Outboxes, StepChannels
 from .text_output import ChunkEvent, TextOutput, openai_event, tokens_request
 
 DERENDER_AUTOSCALING: dict[str, Any] = {
@@ -72,7 +72,7 @@ DERENDER_AUTOSCALING: dict[str, Any] = {
     autoscaling_config=DERENDER_AUTOSCALING,
     request_router_config=PINNED_ROUTING,
 )
-class Derender:
+class Derender(ChannelSource):
     async def __init__(  # type: ignore[misc]
         self, config: GraphConfig, generate: DeploymentHandle, control: DeploymentHandle
     ) -> None:
@@ -110,11 +110,6 @@ class Derender:
         items = self._text_items(job, openai_event)
         async for item in self._outboxes.bind(_prepend(served_by("tier"), items), caller, key):
             yield item
-
-    async def step_channel(self, caller: str, replica: str) -> AsyncIterator[Any]:
-        """The caller's step channel (``PinnedRouter`` routes it here by ``replica``)."""
-        async for batch in self._outboxes.drain(caller, replica, self._coalesce_s):
-            yield batch
 
     async def _text_items(self, job: TextJob, event: ChunkEvent) -> AsyncIterator[Any]:
         """The job's output, each stream chunk written by ``event`` (not coalesced:

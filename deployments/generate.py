@@ -36,7 +36,7 @@ from .control_protocol import ControlCommand, EngineState
 from .engine_metrics import local_vllm_metrics
 from .pinned_router import PINNED_ROUTING
 from .protocol import TextJob, served_by
-from .step_channel import Outboxes
+from .step_channel import ChannelSource, Outboxes
 from .text_output import TextOutput, tokens_request
 from .vllm_args import serve_namespace
 
@@ -89,7 +89,7 @@ def engine_env(config: GraphConfig) -> dict[str, str]:
     graceful_shutdown_timeout_s=5,
     request_router_config=PINNED_ROUTING,
 )
-class Generate:
+class Generate(ChannelSource):
     """One engine per replica."""
 
     async def __init__(  # type: ignore[misc]
@@ -140,12 +140,6 @@ class Generate:
         """``generate`` with the stream's events on the caller's step channel."""
         async for item in self._outboxes.bind(self._generate_items(request), caller, key):
             yield item
-
-    async def step_channel(self, caller: str, replica: str) -> AsyncIterator[Any]:
-        """The caller's step channel: its bound streams' events, one item per
-        engine step (``PinnedRouter`` routes it here by ``replica``)."""
-        async for batch in self._outboxes.drain(caller, replica, self._coalesce_s):
-            yield batch
 
     async def _generate_items(
         self, request: GenerateRequest, coalesce_s: float | None = None

@@ -145,6 +145,20 @@ class Outboxes:
                 del self._boxes[caller]
 
 
+class ChannelSource:
+    """A deployment whose callers read its streams on step channels: it keeps an
+    ``Outboxes`` and a window, and serves the ``step_channel`` call."""
+
+    _outboxes: Outboxes
+    _coalesce_s: float
+
+    async def step_channel(self, caller: str, replica: str) -> AsyncIterator[Any]:
+        """The caller's step channel: its bound streams' events, one item per
+        wake-up (``PinnedRouter`` routes the call here by ``replica``)."""
+        async for batch in self._outboxes.drain(caller, replica, self._coalesce_s):
+            yield batch
+
+
 @dataclass
 class _Failed:
     error: BaseException
