@@ -8,10 +8,13 @@ scale as given), started as a user would: vLLM's coupled OpenAI server
 of ``configs/I.yaml``), then ``serve run configs/I.yaml`` and
 ``configs/S.yaml``. First its idle TTFT: ``--idle-requests`` requests one at a
 time, after a warm-up. Then open-loop Poisson cells at rising rates; a rate is
-*sustained* when every request completes, the cell drains, and TTFT p95 stays
-within ``--factor`` (2) × the idle p95. A rate that is not gets ``--retries``
-more tries (a p95 over a few dozen requests on a shared 2-core host moves with
-one stall); the ladder stops at the first rate no try sustained.
+*sustained* when every request completes, the cell drains, and TTFT stays
+within ``--factor`` (2) × idle, read two ways: p95 against the idle p95 (the
+issue's criterion) and p50 against the idle p50. Idle TTFT on this host has
+rare spikes of hundreds of milliseconds, which set an idle p95 apart from one
+server to the next, so the p50 criterion is the steadier of the two. A rate
+that fails either gets ``--retries`` more tries; the ladder stops at the
+first rate that no try sustains by either criterion.
 """
 
 from __future__ import annotations
@@ -56,8 +59,14 @@ BUSY = re.compile(
 class Rung:
     server: str
     rps: float
-    sustained: bool
     summary: CellSummary
+    p95_ok: bool
+    """Every request completed, TTFT p95 within the factor of the idle p95."""
+    p50_ok: bool
+    """Every request completed, TTFT p50 within the factor of the idle p50."""
+
+
+CRITERIA = ("p95", "p50")
 
 
 @contextlib.contextmanager
@@ -128,24 +137,26 @@ async def measure(name: str, url: str, args: argparse.Namespace) -> list[Rung]:
             one = await run_cell(http, client, [request], [0.0], drain_s=300, label=f"{name} idle")
             records += one.records
         idle_summary = summarize(name, args.shape, 0.0, records, drained=True, wall_s=1, cpu_s={})
-        rungs.append(Rung(name, 0.0, idle_summary.completed == len(idle), idle_summary))
-        bound = (idle_summary.ttft_p95_ms or 0.0) * args.factor
+        all_done = idle_summary.completed == len(idle)
+        rungs.append(Rung(name, 0.0, idle_summary, all_done, all_done))
         for rps in (float(r) for r in args.rates.split(",")):
+            tries = []
             for attempt in range(1 + args.retries):
-                rung = await _rung(http, name, rps, bound, args, seed=args.seed + attempt)
-                rungs.append(rung)
-                if rung.sustained:
+                rung = await _rung(http, name, rps, idle_summary, args, seed=args.seed + attempt)
+                tries.append(rung)
+                if rung.p95_ok and rung.p50_ok:
                     break
-            if not rung.sustained:
+            rungs += tries
+            if not any(r.p95_ok or r.p50_ok for r in tries):
                 break
     return rungs
 
 
 async def _rung(
-    http: httpx.AsyncClient, name: str, rps: float, bound_ms: float, args: argparse.Namespace,
-    *, seed: int,
+    http: httpx.AsyncClient, name: str, rps: float, idle: CellSummary,
+    args: argparse.Namespace, *, seed: int,
 ) -> Rung:  # fmt: skip
-    """One open-loop cell at ``rps``: sustained if all complete within the TTFT bound."""
+    """One open-loop cell at ``rps``, judged against the server's idle TTFT."""
     arrivals = arrival_times([Phase(rps, args.duration)], poisson=True, seed=seed)
     batch = _requests(args, len(arrivals), seed)
     await wait_idle(http)
@@ -156,16 +167,24 @@ async def _rung(
         name, args.shape, rps, result.records,
         drained=result.drained, wall_s=result.wall_s, cpu_s={},
     )  # fmt: skip
-    p95 = summary.ttft_p95_ms
-    ok = result.drained and summary.completed == summary.requests and p95 is not None
-    return Rung(name, rps, ok and p95 is not None and p95 <= bound_ms, summary)
+    done = result.drained and summary.completed == summary.requests
+
+    def within(loaded: float | None, at_idle: float | None) -> bool:
+        return done and loaded is not None and loaded <= (at_idle or 0.0) * args.factor
+
+    return Rung(
+        name, rps, summary,
+        p95_ok=within(summary.ttft_p95_ms, idle.ttft_p95_ms),
+        p50_ok=within(summary.ttft_p50_ms, idle.ttft_p50_ms),
+    )  # fmt: skip
 
 
-def highest(rungs: list[Rung]) -> float:
-    """The highest rate sustained before the first rate no try sustained."""
+def highest(rungs: list[Rung], criterion: str) -> float:
+    """The highest rate sustained by ``criterion`` (``p95`` or ``p50``) before the
+    first rate that no try sustained by it."""
     tries: dict[float, bool] = {}
     for rung in rungs[1:]:
-        tries[rung.rps] = tries.get(rung.rps, False) or rung.sustained
+        tries[rung.rps] = tries.get(rung.rps, False) or getattr(rung, f"{criterion}_ok")
     best = 0.0
     for rps, sustained in tries.items():
         if not sustained:
@@ -187,15 +206,17 @@ def report(args: argparse.Namespace, results: dict[str, list[Rung]]) -> str:
         f"scale {args.length_scale:g}, {args.duration:g} s of Poisson arrivals per rate "
         f"(seed {args.seed}), drain budget {args.drain:g} s. *Idle*: "
         f"{args.idle_requests} requests one at a time, after {WARM_UP} warm-up requests. "
-        f"A rate is sustained when every request completes and TTFT p95 ≤ "
-        f"{args.factor:g} × the idle p95; a rate that is not gets {args.retries} more "
-        "try(s) with other seeds, and the ladder stops at the first rate no try "
-        "sustained. TTFT is measured by the client from sending the request to the "
-        "first chunk that carries output.",
+        f"A rate is sustained when every request completes and TTFT stays within "
+        f"{args.factor:g} × idle, by p95 (TTFT p95 against the idle p95, the issue's "
+        "criterion) or by p50 (p50 against the idle p50: idle TTFT here has rare spikes "
+        "of hundreds of ms, which move an idle p95 from one server to the next). A rate "
+        f"that fails either gets {args.retries} more try(s) with other seeds; the "
+        "ladder stops at the first rate no try sustains by either. TTFT is measured by "
+        "the client from sending the request to the first chunk that carries output.",
         "",
         "| server | rps | requests | completed | TTFT p50 ms | TTFT p95 ms | "
-        "TPOT p50 ms | sustained |",
-        "|---|---|---|---|---|---|---|---|",
+        "TPOT p50 ms | by p95 | by p50 |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, rungs in results.items():
         for r in rungs:
@@ -204,14 +225,20 @@ def report(args: argparse.Namespace, results: dict[str, list[Rung]]) -> str:
                 f"| {name} | {'idle' if r.rps == 0 else f'{r.rps:g}'} | {s.requests} | "
                 f"{s.completed} | {ms(s.ttft_p50_ms)} | {ms(s.ttft_p95_ms)} | "
                 f"{'–' if s.tpot_p50_ms is None else f'{s.tpot_p50_ms:.2f}'} | "
-                f"{'yes' if r.sustained else 'no'} |"
+                f"{'yes' if r.p95_ok else 'no'} | {'yes' if r.p50_ok else 'no'} |"
             )
-    lines += ["", "| server | highest sustained rps | ÷ vLLM's |", "|---|---|---|"]
-    reference = highest(results["vllm"]) if "vllm" in results else 0.0
+    lines += [
+        "",
+        "| server | highest rps by p95 | ÷ vLLM's | highest rps by p50 | ÷ vLLM's |",
+        "|---|---|---|---|---|",
+    ]
     for name, rungs in results.items():
-        best = highest(rungs)
-        ratio = f"{best / reference:.2f}×" if reference else "–"
-        lines.append(f"| {name} | {best:g} | {ratio} |")
+        cells = []
+        for criterion in CRITERIA:
+            best = highest(rungs, criterion)
+            reference = highest(results["vllm"], criterion) if "vllm" in results else 0.0
+            cells += [f"{best:g}", f"{best / reference:.2f}×" if reference else "–"]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

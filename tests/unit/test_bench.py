@@ -110,20 +110,23 @@ def test_cpu_per_1k_tokens_is_generate_and_all_tiers_over_the_cells_tokens() -> 
     assert table.splitlines()[2] == "| chat @1 | 3.0 / 4.0 | – |"
 
 
-def _rung(rps: float, sustained: bool) -> Rung:
+def _rung(rps: float, p95: bool, p50: bool | None = None) -> Rung:
     summary = CellSummary("I", "chat", rps, 1, 1, 0, True, 1.0, *[None] * 6, 0.0)
-    return Rung("I", rps, sustained, summary)
+    return Rung("I", rps, summary, p95_ok=p95, p50_ok=p95 if p50 is None else p50)
 
 
 def test_the_highest_sustained_rate_is_the_last_before_the_first_failure() -> None:
     idle = _rung(0.0, True)
-    assert highest([idle, _rung(1, True), _rung(2, True), _rung(3, False)]) == 2
+    assert highest([idle, _rung(1, True), _rung(2, True), _rung(3, False)], "p95") == 2
     # A failed try followed by a sustained one (a retry) sustains the rate.
     retried = [idle, _rung(1, True), _rung(2, False), _rung(2, True), _rung(3, False)]
-    assert highest([*retried, _rung(3, False)]) == 2
+    assert highest([*retried, _rung(3, False)], "p95") == 2
     # A higher rate after one no try sustained does not count.
-    assert highest([idle, _rung(1, False), _rung(2, True)]) == 0
-    assert highest([idle]) == 0
+    assert highest([idle, _rung(1, False), _rung(2, True)], "p95") == 0
+    assert highest([idle], "p95") == 0
+    # Each criterion reads its own flags.
+    split = [idle, _rung(1, True), _rung(2, False, True), _rung(3, False, True)]
+    assert (highest(split, "p95"), highest(split, "p50")) == (1, 3)
 
 
 def test_busy_reads_the_graphs_gauge_and_vllms_own() -> None:
