@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,13 @@ def cell_text(cell: dict[str, Any] | None) -> str:
     return text
 
 
-def markdown_table(spec: dict[str, Any], cells: list[dict[str, Any]]) -> str:
+def grid_table(
+    spec: dict[str, Any],
+    cells: list[dict[str, Any]],
+    text: Callable[[dict[str, Any] | None], str],
+) -> str:
+    """One row per (shape, rate), one column per topology the run reached, each
+    cell written by ``text`` (given None where the run has no such cell)."""
     by_key = {(c["topology"], c["shape"], c["rps"]): c for c in cells}
     topologies = [t for t in spec["topologies"] if any(c["topology"] == t for c in cells)]
     header = ["shape @ rps", *(TOPOLOGY_NAMES.get(t, t) for t in topologies)]
@@ -61,9 +68,14 @@ def markdown_table(spec: dict[str, Any], cells: list[dict[str, Any]]) -> str:
     for shape in spec["shapes"]:
         for rps in spec["rps"]:
             row = [f"{shape} @{rps:g}"]
-            row += [cell_text(by_key.get((t, shape, rps))) for t in topologies]
+            row += [text(by_key.get((t, shape, rps))) for t in topologies]
             lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
+
+
+def markdown_table(spec: dict[str, Any], cells: list[dict[str, Any]]) -> str:
+    """The seed's table: ``TTFT p50/p95 | TPOT p50/p95`` per cell."""
+    return grid_table(spec, cells, cell_text)
 
 
 def load_table(cells: list[dict[str, Any]]) -> str:
@@ -83,27 +95,19 @@ def load_table(cells: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cpu_per_1k_text(cell: dict[str, Any] | None) -> str:
+    """CPU seconds per 1,000 output tokens, ``Generate / all tiers`` (Generate with
+    its engine; all tiers: every replica and Serve's proxy)."""
+    tokens = cell["output_tokens_per_s"] * cell["wall_s"] if cell else 0.0
+    if cell is None or tokens < 1:
+        return "–"
+    per_1k = 1000 / tokens
+    generate = cell["cpu_s"].get("Generate", 0.0) * per_1k
+    return f"{generate:.1f} / {sum(cell['cpu_s'].values()) * per_1k:.1f}"
+
+
 def cpu_per_1k_table(spec: dict[str, Any], cells: list[dict[str, Any]]) -> str:
-    """CPU seconds per 1,000 output tokens: ``Generate / all tiers`` per cell
-    (Generate with its engine; all tiers: every replica and Serve's proxy)."""
-    by_key = {(c["topology"], c["shape"], c["rps"]): c for c in cells}
-    topologies = [t for t in spec["topologies"] if any(c["topology"] == t for c in cells)]
-    header = ["shape @ rps", *(TOPOLOGY_NAMES.get(t, t) for t in topologies)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for shape in spec["shapes"]:
-        for rps in spec["rps"]:
-            row = [f"{shape} @{rps:g}"]
-            for t in topologies:
-                cell = by_key.get((t, shape, rps))
-                tokens = cell["output_tokens_per_s"] * cell["wall_s"] if cell else 0.0
-                if cell is None or tokens < 1:
-                    row.append("–")
-                    continue
-                per_1k = 1000 / tokens
-                generate = cell["cpu_s"].get("Generate", 0.0) * per_1k
-                row.append(f"{generate:.1f} / {sum(cell['cpu_s'].values()) * per_1k:.1f}")
-            lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n"
+    return grid_table(spec, cells, cpu_per_1k_text)
 
 
 def write_csv(cells: list[dict[str, Any]], path: Path) -> None:
