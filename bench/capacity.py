@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import json
 import platform
-import re
 import sys
 import time
 from collections.abc import Iterator
@@ -35,11 +34,11 @@ import httpx
 import psutil
 
 from deployments.topologies import app_config
-from tests.support.servers import REPO, free_port, running
+from tests.support.servers import running_vllm
 
 from .__main__ import DEFAULT_MODEL
 from .arrivals import Phase, arrival_times
-from .cells import run_cell
+from .cells import run_cell, wait_engines_idle
 from .clients import CLIENTS, Client
 from .shapes import BenchRequest, make_requests
 from .stats import CellSummary, summarize
@@ -47,12 +46,6 @@ from .topology import CONFIGS, Overrides, running_topology
 
 SERVERS = ("vllm", "I", "S")
 WARM_UP = 8
-# Requests the engine runs or queues, from a /metrics exposition: the graph's
-# gauge per engine, or vLLM's own gauges.
-BUSY = re.compile(
-    r"^(?:scaleout_engine_unfinished_requests|vllm:num_requests_(?:running|waiting))"
-    r"(?:\{[^}]*\})? (?P<value>\S+)$"
-)
 
 
 @dataclass
@@ -73,20 +66,13 @@ CRITERIA = ("p95", "p50")
 def vllm_server(work: Path) -> Iterator[str]:
     """vLLM's coupled server with topology I's engine and parser flags."""
     args = app_config(CONFIGS / "I.yaml")["args"]
-    port = free_port()
-    argv = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", DEFAULT_MODEL, "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", str(args["max_model_len"]),
-        "--enable-auto-tool-choice", "--tool-call-parser", args["tool_call_parser"],
-        "--reasoning-parser", args["reasoning_parser"],
-    ]  # fmt: skip
-    env = {
-        "VLLM_CPU_KVCACHE_SPACE": str(args["kv_cache_gib"]),
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        "PYTHONPATH": str(REPO),
-    }
-    with running(argv, port=port, log_path=work / "vllm.log", env=env) as server:
+    with running_vllm(
+        work / "vllm.log",
+        max_model_len=args["max_model_len"],
+        kv_cache_gib=args["kv_cache_gib"],
+        reasoning_parser=args["reasoning_parser"],
+        tool_call_parser=args["tool_call_parser"],
+    ) as server:
         yield server.base_url
 
 
@@ -98,17 +84,6 @@ def server_for(name: str, work: Path) -> Iterator[str]:
     else:
         with running_topology(name, work / "serve", Overrides()) as url:
             yield url
-
-
-async def wait_idle(http: httpx.AsyncClient, timeout_s: float = 120) -> None:
-    """Until the engines hold no request (a cell starts on an idle server)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        text = (await http.get("/metrics")).text
-        values = [float(m["value"]) for m in map(BUSY.match, text.splitlines()) if m]
-        if values and not any(values):
-            return
-        await asyncio.sleep(0.5)
 
 
 def _client(name: str) -> Client:
@@ -131,7 +106,7 @@ async def measure(name: str, url: str, args: argparse.Namespace) -> list[Rung]:
         arrivals = [0.1 * i for i in range(WARM_UP)]
         await run_cell(http, client, warm, arrivals, drain_s=300, label=f"{name} warm-up")
         idle = _requests(args, args.idle_requests, args.seed)
-        await wait_idle(http)
+        await wait_engines_idle(http)
         records = []
         for request in idle:  # one at a time: nothing queues
             one = await run_cell(http, client, [request], [0.0], drain_s=300, label=f"{name} idle")
@@ -159,7 +134,7 @@ async def _rung(
     """One open-loop cell at ``rps``, judged against the server's idle TTFT."""
     arrivals = arrival_times([Phase(rps, args.duration)], poisson=True, seed=seed)
     batch = _requests(args, len(arrivals), seed)
-    await wait_idle(http)
+    await wait_engines_idle(http)
     result = await run_cell(
         http, _client(name), batch, arrivals, drain_s=args.drain, label=f"{name} @{rps:g} rps"
     )

@@ -16,7 +16,7 @@ import httpx
 from tqdm import tqdm
 
 from .clients import Client, issue, monotonic_clock
-from .metrics import running_requests
+from .metrics import engine_busy
 from .shapes import BenchRequest
 from .stats import RequestRecord
 
@@ -76,11 +76,11 @@ async def run_cell(
 
 
 async def wait_engines_idle(http: httpx.AsyncClient, timeout_s: float = 120) -> bool:
-    """Until every engine reports 0 running requests (the graph's /metrics)."""
+    """Until every engine holds no request (the graph's /metrics, or vLLM's own)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        running = running_requests((await http.get("/metrics")).text)
-        if running and not any(running.values()):
+        busy = engine_busy((await http.get("/metrics")).text)
+        if busy and not any(busy):
             return True
         await asyncio.sleep(0.5)
     return False

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -44,7 +43,7 @@ import psutil
 from bench.hostcpu_report import Result, report, row
 from bench.metrics import engine_steps
 from bench.observe import sample, tree_cpu_s
-from tests.support.servers import REPO, TINY_MODEL, Server, free_port, running, running_graph
+from tests.support.servers import TINY_MODEL, Server, running_graph, running_vllm
 
 PACED = "tests.support.paced_decode:PacedDecode"
 PROMPTS = [
@@ -196,21 +195,14 @@ def _steps(base_url: str) -> float:
 
 @contextmanager
 def vllm_server(work: Path) -> Iterator[Server]:
-    port = free_port()
-    argv = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(TINY_MODEL), "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "4096",
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-        "--reasoning-parser", "qwen3",
-        "--logits-processors", PACED,
-    ]  # fmt: skip
-    env = {
-        "VLLM_CPU_KVCACHE_SPACE": "2",
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        "PYTHONPATH": str(REPO),
-    }
-    with running(argv, port=port, log_path=work / "vllm.log", env=env) as server:
+    with running_vllm(
+        work / "vllm.log",
+        max_model_len=GRAPH_ARGS["max_model_len"],
+        kv_cache_gib=GRAPH_ARGS["kv_cache_gib"],
+        reasoning_parser=GRAPH_ARGS["reasoning_parser"],
+        tool_call_parser=GRAPH_ARGS["tool_call_parser"],
+        extra_args=["--logits-processors", PACED],
+    ) as server:
         yield server
 
 

