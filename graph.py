@@ -23,6 +23,7 @@ from deployments.config import DeploymentOptions, GraphConfig
 from deployments.derender import DERENDER_AUTOSCALING, Derender
 from deployments.generate import Generate, engine_env
 from deployments.ingress import INGRESS_REPLICAS, Ingress
+from deployments.prefix_router import prefix_routing
 from deployments.render import Render
 
 # The embedded default: the tiny model this repo builds, with its parsers.
@@ -62,6 +63,15 @@ def build_graph(config: GraphConfig) -> Application:
     generate_deployment = generate_deployment.options(
         max_ongoing_requests=generate_deployment.max_ongoing_requests + channels
     )
+    if config.generate.routing_policy() == "prefix":
+        thresholds = config.generate.prefix_routing
+        generate_deployment = generate_deployment.options(
+            request_router_config=prefix_routing(
+                imbalance=thresholds.imbalance,
+                min_match_ratio=thresholds.min_match_ratio,
+                stats_period_s=thresholds.stats_period_s,
+            )
+        )
     generate = generate_deployment.bind(config, control)
     derender_deployment = _with_options(Derender, config.derender)
     # And each Ingress replica holds one on every Derender replica.

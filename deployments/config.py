@@ -94,6 +94,50 @@ class DeploymentOptions(_Strict):
         return opts
 
 
+class PrefixRoutingOptions(_Strict):
+    """Thresholds of Generate's prefix routing (``deployments/prefix_router.py``)."""
+
+    imbalance: int = Field(
+        8,
+        ge=0,
+        description="Route by load instead when the best-matching replica's queue is longer "
+        "than the shortest by more than this many requests.",
+    )
+    min_match_ratio: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="Route by load instead when the best replica holds fewer extra leading "
+        "blocks of the prompt than this share of them.",
+    )
+    stats_period_s: float = Field(
+        1.0, gt=0, description="How often each Generate replica reports its engine's blocks."
+    )
+
+
+class GenerateOptions(DeploymentOptions):
+    """Generate's replicas and resources, and how its callers choose a replica."""
+
+    routing: Literal["prefix", "pow2"] | None = Field(
+        None,
+        description="`prefix`: to the replica whose KV cache holds the longest prefix of the "
+        "request; `pow2`: Serve's power of two choices. Default: prefix when Generate can have "
+        "more than one replica.",
+    )
+    prefix_routing: PrefixRoutingOptions = Field(default_factory=PrefixRoutingOptions)
+
+    def routing_policy(self, class_default_replicas: int = 1) -> Literal["prefix", "pow2"]:
+        if self.routing is not None:
+            return self.routing
+        if self.num_replicas is not None:
+            most = self.num_replicas
+        elif self.autoscaling is not None:
+            most = self.autoscaling.max_replicas
+        else:
+            most = class_default_replicas
+        return "prefix" if most > 1 else "pow2"
+
+
 class GraphConfig(_Strict):
     """Everything ``build_app`` accepts."""
 
@@ -145,7 +189,7 @@ class GraphConfig(_Strict):
     max_body_bytes: int = Field(32 * 2**20, ge=1024, description="Larger bodies get 413.")
     ingress: DeploymentOptions = Field(default_factory=DeploymentOptions)
     render: DeploymentOptions = Field(default_factory=DeploymentOptions)
-    generate: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    generate: GenerateOptions = Field(default_factory=GenerateOptions)
     derender: DeploymentOptions = Field(default_factory=DeploymentOptions)
 
     @property

@@ -34,6 +34,8 @@ from .config import GraphConfig
 from .control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from .control_protocol import ControlCommand, EngineState
 from .engine_metrics import local_vllm_metrics
+from .kv_blocks import engine_keying, kv_events_config
+from .kv_index import ROUTING_STATS_KEY, EngineBlocks, EventSubscriber, events_endpoint
 from .pinned_router import PINNED_ROUTING
 from .protocol import TextJob, served_by
 from .step_channel import ChannelSource, Outboxes
@@ -102,13 +104,29 @@ class Generate(ChannelSource):
 
         self._config = config
         self._coalesce_s = config.stream_coalesce_ms / 1000
-        args = serve_namespace(config, role="generate")
+        self._replica = serve.get_replica_context().replica_id.unique_id
+        # With prefix routing, the engine publishes its KV cache events to this replica,
+        # which reports the blocks it holds to every caller's router (kv_index.py).
+        endpoint = (
+            events_endpoint(self._replica) if config.generate.routing_policy() == "prefix" else None
+        )
+        args = serve_namespace(
+            config,
+            role="generate",
+            kv_events=None if endpoint is None else kv_events_config(endpoint),
+        )
         self._engine = await engine_factory(args)
+        self._blocks: EngineBlocks | None = None
+        self._events: EventSubscriber | None = None
+        keying = None if endpoint is None else engine_keying(self._engine.vllm_config)
+        if endpoint is not None and keying is not None:
+            self._blocks = EngineBlocks(keying)
+            self._events = EventSubscriber(endpoint, self._blocks)
+            self._events.start()
         state = State()
         await init_app_state(self._engine, state, args, await self._engine.get_supported_tasks())
         self._state = state
         self._text = TextOutput(state.online_derenderer, state.serving_derender)
-        self._replica = serve.get_replica_context().replica_id.unique_id
         self._outboxes = Outboxes(self._replica)
         # Aborts and /metrics reach this replica even when its streams fill every slot.
         # The channel runs on this loop, the engine's, so its aborts need no hop.
@@ -217,6 +235,10 @@ class Generate(ChannelSource):
             vllm_metrics=local_vllm_metrics(),
         )
 
+    def record_routing_stats(self) -> dict[str, Any]:
+        """Serve asks every ``stats_period_s``; its controller pushes the answer to the routers."""
+        return {} if self._blocks is None else {ROUTING_STATS_KEY: self._blocks.routing_stats()}
+
     async def check_health(self) -> None:
         await self._engine.check_health()
 
@@ -227,6 +249,9 @@ class Generate(ChannelSource):
         control = getattr(self, "_control", None)
         if control is not None:
             control.stop()
+        events = getattr(self, "_events", None)
+        if events is not None:
+            events.stop()
         engine = getattr(self, "_engine", None)
         if engine is not None and hasattr(engine, "shutdown"):
             engine.shutdown()

@@ -7,6 +7,7 @@ built exactly as ``vllm serve`` and ``vllm launch render`` build them.
 
 from __future__ import annotations
 
+import json
 from argparse import Namespace
 
 from .config import GraphConfig
@@ -16,8 +17,11 @@ from .config import GraphConfig
 CPU_WORKER_CLS = "deployments.cpu_worker.SeededRewindCPUWorker"
 
 
-def serve_cli(config: GraphConfig, *, role: str) -> list[str]:
-    """The ``vllm serve`` flags for one role: ``render``, ``generate`` or ``derender``."""
+def serve_cli(
+    config: GraphConfig, *, role: str, kv_events: dict[str, object] | None = None
+) -> list[str]:
+    """The ``vllm serve`` flags for one role: ``render``, ``generate`` or ``derender``;
+    ``kv_events`` is Generate's ``--kv-events-config``."""
     argv = ["--model", config.model, "--dtype", config.dtype]
     argv += ["--served-model-name", config.model_name]
     if config.tokenizer:
@@ -48,10 +52,14 @@ def serve_cli(config: GraphConfig, *, role: str) -> list[str]:
             argv += ["--logits-processors", *config.logits_processors]
         if config.tokens_only:
             argv += ["--tokens-only"]
+        if kv_events is not None:
+            argv += ["--kv-events-config", json.dumps(kv_events)]
     return argv
 
 
-def serve_namespace(config: GraphConfig, *, role: str) -> Namespace:
+def serve_namespace(
+    config: GraphConfig, *, role: str, kv_events: dict[str, object] | None = None
+) -> Namespace:
     """Parse :func:`serve_cli` with vLLM's own parser and checks."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.cli_args import (
@@ -61,7 +69,7 @@ def serve_namespace(config: GraphConfig, *, role: str) -> Namespace:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = make_arg_parser(FlexibleArgumentParser(prog="scaleout-serve"))
-    args = parser.parse_args(serve_cli(config, role=role))
+    args = parser.parse_args(serve_cli(config, role=role, kv_events=kv_events))
     validate_parsed_serve_args(args)
     # `vllm serve` folds --reasoning-parser into the structured outputs config
     # before building app state; do the same.

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -20,7 +21,8 @@ import httpx
 import pytest
 
 from bench.metrics import running_requests
-from tests.support.servers import TINY_MODEL, Server, running_graph
+from deployments.kv_blocks import kv_events_config
+from tests.support.servers import TINY_MODEL, Server, running_graph, running_vllm
 
 MODEL = str(TINY_MODEL)
 GRAPH_ARGS = {
@@ -71,6 +73,28 @@ def graph(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with running_graph(tmp_path_factory.mktemp("graph"), apps) as server:
         wait_settled(server.base_url, {"": 2, TOKENS_ONLY_PREFIX: 1})
         warm_up(server.base_url)
+        yield server
+
+
+@pytest.fixture(scope="package")
+def vllm_kv_events(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Where ``vllm_server`` publishes its KV cache events (ZMQ, this host only)."""
+    return f"ipc://{tmp_path_factory.mktemp('kv-events') / 'vllm.ipc'}"
+
+
+@pytest.fixture(scope="package")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory, vllm_kv_events: str) -> Iterator[Server]:
+    """The oracle: vLLM's own OpenAI server with the graph's model, parsers and
+    context length; it also publishes its KV cache events (no effect on outputs)."""
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    with running_vllm(
+        log,
+        max_model_len=4096,
+        kv_cache_gib=1,
+        reasoning_parser="qwen3",
+        tool_call_parser="hermes",
+        extra_args=["--kv-events-config", json.dumps(kv_events_config(vllm_kv_events))],
+    ) as server:
         yield server
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -18,7 +16,7 @@ import pytest
 
 from scripts.build_tiny_model import TIME_TOOL, WEATHER_TOOL
 from tests.integration.conftest import AUTH, MODEL, TOKENS_ONLY_PREFIX
-from tests.support.servers import Server, free_port, running
+from tests.support.servers import Server
 
 
 def chat(content: str, **extra: Any) -> dict[str, Any]:
@@ -50,22 +48,6 @@ SHAPES = {
 # A wrong token's logprob, or one from another distribution, is off by far more.
 LOGPROB_TOLERANCE = 1e-3
 _ID = re.compile(r"[0-9a-f]{8,}(-[0-9a-f]{4,})*")
-
-
-@pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    port = free_port()
-    argv = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", MODEL, "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "4096",
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-        "--reasoning-parser", "qwen3",
-    ]  # fmt: skip
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-    with running(argv, port=port, log_path=log, env=env) as server:
-        yield server
 
 
 def id_format(tool_id: str) -> str:
