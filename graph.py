@@ -70,6 +70,7 @@ def build_graph(config: GraphConfig) -> Application:
                 imbalance=thresholds.imbalance,
                 min_match_ratio=thresholds.min_match_ratio,
                 stats_period_s=thresholds.stats_period_s,
+                engine_events=thresholds.engine_events,
             )
         )
     generate = generate_deployment.bind(config, control)

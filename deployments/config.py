@@ -113,6 +113,11 @@ class PrefixRoutingOptions(_Strict):
     stats_period_s: float = Field(
         1.0, gt=0, description="How often each Generate replica reports its engine's blocks."
     )
+    engine_events: bool = Field(
+        True,
+        description="Route on the blocks each engine reports (its KV cache events); false: "
+        "only on what each router itself sent where, for a few stats periods.",
+    )
 
 
 class GenerateOptions(DeploymentOptions):

@@ -107,9 +107,9 @@ class Generate(ChannelSource):
         self._replica = serve.get_replica_context().replica_id.unique_id
         # With prefix routing, the engine publishes its KV cache events to this replica,
         # which reports the blocks it holds to every caller's router (kv_index.py).
-        endpoint = (
-            events_endpoint(self._replica) if config.generate.routing_policy() == "prefix" else None
-        )
+        prefix = config.generate.routing_policy() == "prefix"
+        events = prefix and config.generate.prefix_routing.engine_events
+        endpoint = events_endpoint(self._replica) if events else None
         args = serve_namespace(
             config,
             role="generate",
@@ -118,11 +118,13 @@ class Generate(ChannelSource):
         self._engine = await engine_factory(args)
         self._blocks: EngineBlocks | None = None
         self._events: EventSubscriber | None = None
-        keying = None if endpoint is None else engine_keying(self._engine.vllm_config)
-        if endpoint is not None and keying is not None:
+        keying = engine_keying(self._engine.vllm_config) if prefix else None
+        if keying is not None:
+            # Without engine events the routers still need the keying; the set stays empty.
             self._blocks = EngineBlocks(keying)
-            self._events = EventSubscriber(endpoint, self._blocks)
-            self._events.start()
+            if endpoint is not None:
+                self._events = EventSubscriber(endpoint, self._blocks)
+                self._events.start()
         state = State()
         await init_app_state(self._engine, state, args, await self._engine.get_supported_tasks())
         self._state = state

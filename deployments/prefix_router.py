@@ -211,7 +211,7 @@ def _prompt(pending: PendingRequest) -> tuple[list[int], str | None] | None:
 
 
 def prefix_routing(
-    *, imbalance: int, min_match_ratio: float, stats_period_s: float
+    *, imbalance: int, min_match_ratio: float, stats_period_s: float, engine_events: bool = True
 ) -> RequestRouterConfig:
     """Serve's router config for Generate with prefix routing."""
     # Ray 2.60 annotates RequestRouterConfig's **kwargs as dict values (pinned_router.py).
@@ -220,8 +220,9 @@ def prefix_routing(
         "request_router_kwargs": {
             "imbalance": imbalance,
             "min_match_ratio": min_match_ratio,
-            # What the router sent counts until the engine's report has surely come.
-            "sent_ttl_s": 3 * stats_period_s + 2.0,
+            # What the router sent counts until the engine's report has surely come;
+            # without engine reports, it is all there is (bounded by _SENT_BLOCKS_MAX).
+            "sent_ttl_s": 3 * stats_period_s + 2.0 if engine_events else 3600.0,
         },
         "request_routing_stats_period_s": stats_period_s,
         "request_routing_stats_timeout_s": max(10.0, 5 * stats_period_s),

@@ -188,3 +188,30 @@ def test_engine_steps_sums_the_step_histogram_count_over_engines() -> None:
 
 def test_every_topology_has_a_bench_client() -> None:
     assert list(CLIENTS) == list(TOPOLOGIES)
+
+
+def test_routing_bench_reads_the_engines_prefix_counters_and_turn_placement() -> None:
+    from bench.routing import Result, Turn, prefix_counters
+
+    metrics = "\n".join(
+        [
+            "# HELP vllm:prefix_cache_hits_total Prefix cache hits",
+            'vllm:prefix_cache_hits_total{engine="0",replica="a"} 30.0',
+            'vllm:prefix_cache_hits_total{engine="0",replica="b"} 10.0',
+            'vllm:prefix_cache_queries_total{engine="0",replica="a"} 50.0',
+            'vllm:prefix_cache_queries_total{engine="0",replica="b"} 50.0',
+            'vllm:prefix_cache_hits_created{engine="0",replica="a"} 1.7e9',
+            'vllm:external_prefix_cache_hits_total{engine="0",replica="a"} 99.0',
+        ]
+    )
+    assert prefix_counters(metrics) == (40.0, 100.0)
+    result = Result("prefix", "shared", hits=40.0, queries=100.0)
+    result.turns = [
+        Turn(1, 0, 0.0, 100.0, "a"),
+        Turn(1, 1, 1.0, 50.0, "a"),
+        Turn(2, 0, 0.0, 90.0, "b"),
+        Turn(2, 1, 1.0, 80.0, "a"),
+    ]
+    assert result.hit_rate == 0.4
+    assert result.stayed() == 0.5
+    assert result.per_replica() == [3, 1]
