@@ -141,7 +141,12 @@ class PrefixRouter(PinnedRouter):
                 continue
             held = self._held.get(r.replica_id)
             if held is None or held.version != stats.get("version"):
-                self._held[r.replica_id] = _Held(stats)
+                try:
+                    self._held[r.replica_id] = _Held(stats)
+                except (KeyError, TypeError, ValueError):
+                    # A report this router cannot read (another version of the graph
+                    # mid-upgrade): that replica counts as holding nothing.
+                    self._held.pop(r.replica_id, None)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
