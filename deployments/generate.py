@@ -239,7 +239,8 @@ class Generate(ChannelSource):
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Serve asks every ``stats_period_s``; its controller pushes the answer to the routers."""
-        return {} if self._blocks is None else {ROUTING_STATS_KEY: self._blocks.routing_stats()}
+        blocks = getattr(self, "_blocks", None)  # None too while the engine starts
+        return {} if blocks is None else {ROUTING_STATS_KEY: blocks.routing_stats()}
 
     async def check_health(self) -> None:
         await self._engine.check_health()
