@@ -34,7 +34,7 @@ import httpx
 import psutil
 
 from deployments.topologies import app_config
-from tests.support.servers import running_vllm
+from tests.support.servers import running_vllm_as_graph
 
 from .__main__ import DEFAULT_MODEL
 from .arrivals import Phase, arrival_times
@@ -65,14 +65,7 @@ CRITERIA = ("p95", "p50")
 @contextlib.contextmanager
 def vllm_server(work: Path) -> Iterator[str]:
     """vLLM's coupled server with topology I's engine and parser flags."""
-    args = app_config(CONFIGS / "I.yaml")["args"]
-    with running_vllm(
-        work / "vllm.log",
-        max_model_len=args["max_model_len"],
-        kv_cache_gib=args["kv_cache_gib"],
-        reasoning_parser=args["reasoning_parser"],
-        tool_call_parser=args["tool_call_parser"],
-    ) as server:
+    with running_vllm_as_graph(work / "vllm.log", app_config(CONFIGS / "I.yaml")["args"]) as server:
         yield server.base_url
 
 

@@ -43,7 +43,7 @@ import psutil
 from bench.hostcpu_report import Result, report, row
 from bench.metrics import engine_steps
 from bench.observe import sample, tree_cpu_s
-from tests.support.servers import TINY_MODEL, Server, running_graph, running_vllm
+from tests.support.servers import TINY_MODEL, Server, running_graph, running_vllm_as_graph
 
 PACED = "tests.support.paced_decode:PacedDecode"
 PROMPTS = [
@@ -195,13 +195,8 @@ def _steps(base_url: str) -> float:
 
 @contextmanager
 def vllm_server(work: Path) -> Iterator[Server]:
-    with running_vllm(
-        work / "vllm.log",
-        max_model_len=GRAPH_ARGS["max_model_len"],
-        kv_cache_gib=GRAPH_ARGS["kv_cache_gib"],
-        reasoning_parser=GRAPH_ARGS["reasoning_parser"],
-        tool_call_parser=GRAPH_ARGS["tool_call_parser"],
-        extra_args=["--logits-processors", PACED],
+    with running_vllm_as_graph(
+        work / "vllm.log", GRAPH_ARGS, extra_args=["--logits-processors", PACED]
     ) as server:
         yield server
 

@@ -22,7 +22,7 @@ import pytest
 
 from bench.metrics import running_requests
 from deployments.kv_blocks import kv_events_config
-from tests.support.servers import TINY_MODEL, Server, running_graph, running_vllm
+from tests.support.servers import TINY_MODEL, Server, running_graph, running_vllm_as_graph
 
 MODEL = str(TINY_MODEL)
 GRAPH_ARGS = {
@@ -87,14 +87,8 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory, vllm_kv_events: str) -
     """The oracle: vLLM's own OpenAI server with the graph's model, parsers and
     context length; it also publishes its KV cache events (no effect on outputs)."""
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with running_vllm(
-        log,
-        max_model_len=4096,
-        kv_cache_gib=1,
-        reasoning_parser="qwen3",
-        tool_call_parser="hermes",
-        extra_args=["--kv-events-config", json.dumps(kv_events_config(vllm_kv_events))],
-    ) as server:
+    events = ["--kv-events-config", json.dumps(kv_events_config(vllm_kv_events))]
+    with running_vllm_as_graph(log, GRAPH_ARGS, extra_args=events) as server:
         yield server
 
 

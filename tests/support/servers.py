@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,6 +160,20 @@ def running_vllm(
     }
     with running([*argv, *extra_args], port=port, log_path=log_path, env=env) as server:
         yield server
+
+
+def running_vllm_as_graph(
+    log_path: Path, graph_args: Mapping[str, Any], extra_args: Sequence[str] = ()
+) -> contextlib.AbstractContextManager[Server]:
+    """vLLM's own server with the engine and parser flags of a graph config's args."""
+    return running_vllm(
+        log_path,
+        max_model_len=graph_args["max_model_len"],
+        kv_cache_gib=graph_args["kv_cache_gib"],
+        reasoning_parser=graph_args.get("reasoning_parser"),
+        tool_call_parser=graph_args.get("tool_call_parser"),
+        extra_args=extra_args,
+    )
 
 
 def serve_config(port: int, apps: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, Any]:
