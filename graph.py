@@ -38,6 +38,8 @@ def _with_options(
     actor_options.update(actor or {})
     if opts.num_cpus is not None:
         actor_options["num_cpus"] = opts.num_cpus
+    if opts.resources is not None:
+        actor_options["resources"] = {**actor_options.get("resources", {}), **opts.resources}
     return deployment.options(ray_actor_options=actor_options, **opts.to_serve())
 
 

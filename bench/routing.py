@@ -224,7 +224,9 @@ async def warm(base_url: str, args: Any) -> None:
         await asyncio.gather(*jobs)
 
 
-def graph_apps(runs: list[str]) -> dict[str, tuple[str, dict[str, Any]]]:
+def graph_apps(
+    runs: list[str], cpu_cores: int | None = None
+) -> dict[str, tuple[str, dict[str, Any]]]:
     """Topology I's app once per row group, side by side in one Serve instance."""
     base = app_config(CONFIGS / "I.yaml")["args"]
     apps = {}
@@ -240,6 +242,7 @@ def graph_apps(runs: list[str]) -> dict[str, tuple[str, dict[str, Any]]]:
             "derender.num_cpus": 0.05,
             "generate.num_cpus": 0.2,
             "generate.num_replicas": replicas,
+            **({"generate.cpu_cores": cpu_cores} if cpu_cores else {}),
             **variant,
         }
         apps[_slug(run)] = (f"/{_slug(run)}", nest_dotted(args))
@@ -256,7 +259,7 @@ def run_all(args: Any, work: Path) -> list[Result]:
     work.mkdir(parents=True, exist_ok=True)
     runs = args.runs.split(",")
     results = {run: (Result(run, "shared"), Result(run, "unique")) for run in runs}
-    with running_graph(work, graph_apps(runs), timeout_s=900) as server:
+    with running_graph(work, graph_apps(runs, args.cpu_cores), timeout_s=900) as server:
         for run in runs:
             asyncio.run(warm(f"{server.base_url}/{_slug(run)}", args))
         for repeat in range(args.repeat):
@@ -282,6 +285,12 @@ def main() -> None:
     parser.add_argument("--unique", type=int, default=48)
     parser.add_argument("--unique-rps", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--cpu-cores",
+        type=int,
+        default=None,
+        help="generate.cpu_cores: each engine bound to cores of its own (default: unbound)",
+    )
     parser.add_argument("--repeat", type=int, default=2, help="passes of each workload per graph")
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument(

@@ -145,6 +145,12 @@ def write(results: list[Result], args: Any, command: str, out: Path) -> None:
         "requests. Only one app has load at a time: each pass runs on every app in turn, the "
         "order reversed on every other pass. "
         + (
+            f"Each engine's threads bound to {args.cpu_cores} core(s) of its own "
+            "(`generate.cpu_cores`); the apps take turns, so engines of one app never share. "
+            if getattr(args, "cpu_cores", None)
+            else "Engine threads unbound: the engines of an app share both cores. "
+        )
+        + (
             "*prefix/history*: prefix routing on what each router itself sent where, "
             "without the engines' events. "
             if any(r.run == "prefix/history" for r in results)

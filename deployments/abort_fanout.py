@@ -48,7 +48,9 @@ class _Subscriber:
 @serve.deployment(
     name="AbortFanout",
     num_replicas=1,
-    ray_actor_options={"num_cpus": 0},
+    # Not 0: a head started with num-cpus 0 (as KubeRay's) keeps only actors that ask
+    # for CPUs off it, and no replica of the graph belongs on the head.
+    ray_actor_options={"num_cpus": 0.01},
     # One subscription per data-plane replica, plus the control calls themselves.
     max_ongoing_requests=1000,
     # The subscriptions never end by themselves; shutting down need not wait for them.

@@ -65,6 +65,11 @@ class DeploymentOptions(_Strict):
     num_replicas: int | None = Field(None, ge=1, description="Fixed replica count.")
     autoscaling: AutoscalingOptions | None = Field(None, description="Autoscale instead.")
     num_cpus: float | None = Field(None, ge=0, description="Logical CPUs per replica.")
+    resources: dict[str, float] | None = Field(
+        None,
+        description="Custom Ray resources per replica, e.g. {engine: 1} to place Generate only "
+        "on nodes that offer it (a KubeRay worker group's `resources`).",
+    )
     max_ongoing_requests: int | None = Field(
         None, ge=1, description="Requests a replica runs at once before Serve queues."
     )
@@ -76,6 +81,12 @@ class DeploymentOptions(_Strict):
     def _exclusive(self) -> DeploymentOptions:
         if self.num_replicas is not None and self.autoscaling is not None:
             raise ValueError("set num_replicas or autoscaling, not both")
+        for name, amount in (self.resources or {}).items():
+            if name in ("CPU", "GPU", "memory") or amount < 0:
+                raise ValueError(
+                    f"resources.{name}: custom resources only, none negative "
+                    "(num_cpus and num_gpus set CPUs and GPUs)"
+                )
         return self
 
     def to_serve(self) -> dict[str, Any]:
@@ -130,6 +141,13 @@ class GenerateOptions(DeploymentOptions):
         "more than one replica.",
     )
     prefix_routing: PrefixRoutingOptions = Field(default_factory=PrefixRoutingOptions)
+    cpu_cores: int | None = Field(
+        None,
+        ge=1,
+        description="CPU engines: bind each replica's engine threads to this many cores of its "
+        "node, its own by the replica's rank on the node (as a GPU per replica). Unset: the "
+        "threads float over every core (VLLM_CPU_OMP_THREADS_BIND, default nobind).",
+    )
 
     def routing_policy(self, class_default_replicas: int = 1) -> Literal["prefix", "pow2"]:
         if self.routing is not None:
@@ -213,6 +231,8 @@ class GraphConfig(_Strict):
             )
         if self.num_gpus == 0 and self.tensor_parallel_size > 1:
             raise ValueError("tensor_parallel_size > 1 needs num_gpus > 0")
+        if self.num_gpus > 0 and self.generate.cpu_cores is not None:
+            raise ValueError("generate.cpu_cores binds CPU engines; unset it with num_gpus > 0")
         return self
 
     @classmethod

@@ -82,6 +82,18 @@ def engine_env(config: GraphConfig) -> dict[str, str]:
     return env
 
 
+def replica_cores(allowed: list[int], cores: int, local_rank: int) -> list[int]:
+    """The cores of a node's ``local_rank``-th CPU engine when each gets ``cores``.
+
+    Replicas past what the node holds wrap around and share, as two engines
+    without binding would; vLLM then binds one OpenMP thread per core.
+    """
+    ordered = sorted(allowed)
+    cores = min(cores, len(ordered))
+    start = (local_rank * cores) % len(ordered)
+    return [ordered[(start + i) % len(ordered)] for i in range(cores)]
+
+
 @serve.deployment(
     name="Generate",
     ray_actor_options={"num_cpus": 1},
@@ -104,7 +116,14 @@ class Generate(ChannelSource):
 
         self._config = config
         self._coalesce_s = config.stream_coalesce_ms / 1000
-        self._replica = serve.get_replica_context().replica_id.unique_id
+        context = serve.get_replica_context()
+        self._replica = context.replica_id.unique_id
+        if config.num_gpus == 0 and config.generate.cpu_cores is not None:
+            # Read by the engine core process, which this replica is about to spawn.
+            cores = replica_cores(
+                sorted(os.sched_getaffinity(0)), config.generate.cpu_cores, context.rank.local_rank
+            )
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
         # With prefix routing, the engine publishes its KV cache events to this replica,
         # which reports the blocks it holds to every caller's router (kv_index.py).
         prefix = config.generate.routing_policy() == "prefix"

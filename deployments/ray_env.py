@@ -1,7 +1,7 @@
-"""The Ray Serve switches the graph runs with, in every Ray process's environment.
+"""The Ray and Ray Serve switches the graph runs with, in every Ray process's environment.
 
-Serve reads them when each of its processes starts (controller, proxy,
-replicas), so they cannot ride in a Serve config: ``make run`` exports them,
+Ray and Serve read them when each of their processes starts (raylet,
+controller, proxy, replicas), so they cannot ride in a Serve config: ``make run`` exports them,
 the KubeRay manifests set them on every pod, and the tests and benchmarks
 start their graphs with them. One place, so all of those run the same graph.
 
@@ -27,4 +27,9 @@ SERVE_ENV = {
     # output and `kubectl logs` as before: a replica that exits says why there.
     # Serve writes a line per request, not per token.
     "RAY_SERVE_LOG_TO_STDERR": "1",
+    # A Generate replica's vLLM engine is its child process and survives the replica's
+    # crash or SIGKILL (vLLM does not watch its parent), holding its KV cache and cores.
+    # With this, the raylet adopts a dead worker's children and kills them within 10 s
+    # (Ray's default only covers a worker that exits cleanly).
+    "RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper": "true",
 }

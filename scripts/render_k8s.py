@@ -3,15 +3,19 @@
     python scripts/render_k8s.py          # (re)write k8s/base and k8s/overlays
     python scripts/render_k8s.py --check  # fail if k8s/ differs from what configs/ give
 
-``serveConfigV2`` is always rendered from ``configs/gpu.yaml`` (the GPU
-profile); each overlay swaps in the topology switches of ``configs/<T>.yaml``
-(tokens_only, text_placement, parsers). A test runs ``--check``, so the
-manifests cannot drift from the configs.
+The base's ``serveConfigV2`` is rendered from ``configs/gpu.yaml`` (the GPU
+profile); each topology overlay swaps in the switches of ``configs/<T>.yaml``
+(tokens_only, text_placement, parsers). The ``cpu`` overlay is the CPU cluster
+profile, ``configs/cluster.yaml``, with its node groups: the shape that
+``tests/cluster`` starts as a local Ray cluster and deploys this very
+``serveConfigV2`` to. A test runs ``--check``, so the manifests cannot drift
+from the configs.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,12 +23,15 @@ from typing import Any
 import yaml
 
 from deployments.ray_env import SERVE_ENV
-from deployments.topologies import TOPOLOGIES, app_config, gpu_topology_app
+from deployments.topologies import TOPOLOGIES, app_config, gpu_topology_app, serve_config
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"
 K8S = REPO / "k8s"
 IMAGE = "scaleout-serve:0.1.0-gpu"
+CPU_IMAGE = "scaleout-serve:0.1.0-cpu"
+# The node group whose Ray nodes offer what Generate asks for besides CPUs.
+ENGINE_GROUP = "engine"
 NAME = "scaleout-serve"
 MODEL_CACHE = {"name": "model-cache", "mountPath": "/models"}
 ENV = [
@@ -38,25 +45,29 @@ ENV = [
 ]
 
 
-def serve_config_v2(app: dict[str, Any]) -> str:
-    return yaml.safe_dump({"applications": [app]}, sort_keys=False)
+def serve_config_v2(app: dict[str, Any], **options: Any) -> str:
+    return yaml.safe_dump({**options, "applications": [app]}, sort_keys=False)
 
 
-def container(name: str, resources: dict[str, Any], ports: list[dict[str, Any]]) -> dict[str, Any]:
+def container(
+    name: str, resources: dict[str, Any], ports: list[dict[str, Any]], image: str = IMAGE
+) -> dict[str, Any]:
     return {
         "name": name,
-        "image": IMAGE,
-        "env": ENV,
+        "image": image,
+        "env": copy.deepcopy(ENV),  # a copy each: no YAML anchors in the output
         "resources": resources,
         "ports": ports,
-        "volumeMounts": [MODEL_CACHE],
+        "volumeMounts": [dict(MODEL_CACHE)],
     }
 
 
-def pod(name: str, resources: dict[str, Any], ports: list[dict[str, Any]]) -> dict[str, Any]:
+def pod(
+    name: str, resources: dict[str, Any], ports: list[dict[str, Any]], image: str = IMAGE
+) -> dict[str, Any]:
     return {
         "spec": {
-            "containers": [container(name, resources, ports)],
+            "containers": [container(name, resources, ports, image)],
             "volumes": [
                 {"name": "model-cache", "persistentVolumeClaim": {"claimName": "model-cache"}}
             ],
@@ -64,18 +75,29 @@ def pod(name: str, resources: dict[str, Any], ports: list[dict[str, Any]]) -> di
     }
 
 
+HEAD_PORTS = [
+    {"containerPort": 6379, "name": "gcs-server"},
+    {"containerPort": 8265, "name": "dashboard"},
+    {"containerPort": 10001, "name": "client"},
+    {"containerPort": 8000, "name": "serve"},
+]
+
+
+def pod_resources(cpu: str, memory: str, **extra: str) -> dict[str, Any]:
+    amounts = {"cpu": cpu, "memory": memory, **extra}
+    return {"requests": amounts, "limits": dict(amounts)}
+
+
+def generate_cpus(config: Path) -> str:
+    """Logical CPUs an engine node offers Ray: what Generate asks for (0 in the shipped
+    profiles), so that no other replica lands on the engine's host, however the
+    scheduler orders them: its cores are the engine's, as the head's are Ray's."""
+    return f"{app_config(config)['args']['generate']['num_cpus']:g}"
+
+
 def rayservice() -> dict[str, Any]:
-    head_ports = [
-        {"containerPort": 6379, "name": "gcs-server"},
-        {"containerPort": 8265, "name": "dashboard"},
-        {"containerPort": 10001, "name": "client"},
-        {"containerPort": 8000, "name": "serve"},
-    ]
-    cpu = {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"cpu": "4", "memory": "16Gi"}}
-    gpu = {
-        "requests": {"cpu": "8", "memory": "48Gi", "nvidia.com/gpu": "1"},
-        "limits": {"cpu": "8", "memory": "48Gi", "nvidia.com/gpu": "1"},
-    }
+    cpu = pod_resources("4", "16Gi")
+    gpu = pod_resources("8", "48Gi", **{"nvidia.com/gpu": "1"})
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayService",
@@ -87,6 +109,7 @@ def rayservice() -> dict[str, Any]:
                 "rayVersion": "2.60.0",
                 "enableInTreeAutoscaling": True,
                 "autoscalerOptions": {
+                    "version": "v2",
                     "upscalingMode": "Default",
                     "idleTimeoutSeconds": 120,
                     "resources": {
@@ -103,7 +126,7 @@ def rayservice() -> dict[str, Any]:
                             "requests": {"cpu": "2", "memory": "8Gi"},
                             "limits": {"cpu": "2", "memory": "8Gi"},
                         },
-                        head_ports,
+                        HEAD_PORTS,
                     ),
                 },
                 "workerGroupSpecs": [
@@ -112,7 +135,7 @@ def rayservice() -> dict[str, Any]:
                         "replicas": 1,
                         "minReplicas": 1,
                         "maxReplicas": 4,
-                        "rayStartParams": {},
+                        "rayStartParams": {"num-cpus": generate_cpus(CONFIGS / "gpu.yaml")},
                         "template": pod("ray-worker", gpu, []),
                     },
                     {
@@ -138,17 +161,65 @@ def overlay(topology: str) -> dict[str, str]:
             "value": serve_config_v2(gpu_topology_app(CONFIGS, topology)),
         }
     ]
+    return _overlay_files(topology.lower(), patch)
+
+
+def _overlay_files(suffix: str, patch: list[dict[str, Any]]) -> dict[str, str]:
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": ["../../base"],
-        "nameSuffix": f"-{topology.lower()}",
+        "nameSuffix": f"-{suffix}",
         "patches": [{"path": "serve-config.yaml", "target": {"kind": "RayService", "name": NAME}}],
     }
     return {
         "kustomization.yaml": yaml.safe_dump(kustomization, sort_keys=False),
         "serve-config.yaml": yaml.safe_dump(patch, sort_keys=False),
     }
+
+
+def cpu_overlay() -> dict[str, str]:
+    """k8s/overlays/cpu: the CPU cluster profile and its node groups (no GPU)."""
+    cluster = serve_config(CONFIGS / "cluster.yaml")
+    serve_v2 = serve_config_v2(
+        cluster["applications"][0],
+        proxy_location=cluster["proxy_location"],
+        http_options=cluster["http_options"],
+    )
+    engine = app_config(CONFIGS / "cluster.yaml")["args"]["generate"]
+    groups = [
+        {
+            "groupName": ENGINE_GROUP,
+            "replicas": 1,
+            "minReplicas": 1,
+            "maxReplicas": 1,
+            "rayStartParams": {"num-cpus": generate_cpus(CONFIGS / "cluster.yaml")},
+            # Ray resources of every node of the group: what Generate's `resources` name.
+            "resources": {name: f"{amount:g}" for name, amount in engine["resources"].items()},
+            "template": pod("ray-worker", pod_resources("2", "8Gi"), [], CPU_IMAGE),
+        },
+        {
+            "groupName": "cpu-text",
+            "replicas": 1,
+            "minReplicas": 1,
+            "maxReplicas": 3,
+            "rayStartParams": {"num-cpus": "2"},
+            "template": pod("ray-worker", pod_resources("2", "6Gi"), [], CPU_IMAGE),
+        },
+    ]
+    head = pod("ray-head", pod_resources("2", "8Gi"), HEAD_PORTS, CPU_IMAGE)
+    cluster_config = "/spec/rayClusterConfig"
+    patch = [
+        {"op": "replace", "path": "/spec/serveConfigV2", "value": serve_v2},
+        {"op": "replace", "path": f"{cluster_config}/headGroupSpec/template", "value": head},
+        {"op": "replace", "path": f"{cluster_config}/workerGroupSpecs", "value": groups},
+        {
+            "op": "replace",
+            "path": f"{cluster_config}/autoscalerOptions/idleTimeoutSeconds",
+            "value": 30,
+        },
+    ]
+    return _overlay_files("cpu", patch)
 
 
 def files() -> dict[Path, str]:
@@ -165,9 +236,11 @@ def files() -> dict[Path, str]:
             sort_keys=False,
         ),
     }
-    for topology in TOPOLOGIES:
-        for name, text in overlay(topology).items():
-            out[K8S / "overlays" / topology.lower() / name] = header + text
+    overlays = {topology.lower(): overlay(topology) for topology in TOPOLOGIES}
+    overlays["cpu"] = cpu_overlay()
+    for folder, texts in overlays.items():
+        for name, text in texts.items():
+            out[K8S / "overlays" / folder / name] = header + text
     return out
 
 

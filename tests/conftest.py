@@ -1,4 +1,4 @@
-"""Marks each test by its folder: unit, integration or e2e; keeps streams' files in
+"""Marks each test by its folder: unit, integration, e2e or cluster; keeps streams' files in
 the session's temporary directory."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import tests.support.servers  # noqa: F401
 from tests.support import sse_reader
 
-_FOLDER_MARKS = {"unit", "integration", "e2e"}
+_FOLDER_MARKS = {"unit", "integration", "e2e", "cluster"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -106,6 +106,12 @@ class Stream:
         return None
 
     @property
+    def body(self) -> str:
+        """What the server sent so far (the JSON of a response that is not a stream)."""
+        path = self._dir / "body.sse"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    @property
     def headers(self) -> dict[str, str]:
         """Response headers (lower-case names), known from the first event on."""
         path = self._dir / "headers.txt"

@@ -6,6 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from deployments.config import TINY_MODEL, GraphConfig, nest_dotted
+from deployments.generate import replica_cores
 
 
 def test_defaults_point_at_the_embedded_model() -> None:
@@ -86,3 +87,29 @@ def test_tokens_only_rejects_inline_text() -> None:
 def test_text_placement_is_checked() -> None:
     with pytest.raises(ValidationError, match="text_placement"):
         GraphConfig.from_args({"text_placement": "sideways"})
+
+
+def test_cpu_cores_binds_only_cpu_engines() -> None:
+    assert GraphConfig.from_args({"generate.cpu_cores": "2"}).generate.cpu_cores == 2
+    with pytest.raises(ValidationError, match="cpu_cores"):
+        GraphConfig.from_args({"generate.cpu_cores": 1, "num_gpus": 1})
+    with pytest.raises(ValidationError, match="cpu_cores"):
+        GraphConfig.from_args({"generate.cpu_cores": 0})
+
+
+@pytest.mark.parametrize(
+    ("allowed", "cores", "rank", "expected"),
+    [
+        ([0, 1], 1, 0, [0]),
+        ([0, 1], 1, 1, [1]),
+        ([0, 1], 1, 2, [0]),  # more replicas than cores: they wrap around and share
+        ([4, 5, 6, 7], 2, 1, [6, 7]),
+        ([7, 5, 6, 4], 2, 0, [4, 5]),  # the node's order, not the mask's
+        ([0, 1, 2], 2, 1, [2, 0]),
+        ([0, 1], 4, 0, [0, 1]),  # never more cores than the node has
+    ],
+)
+def test_each_replica_on_a_node_gets_cores_of_its_own(
+    allowed: list[int], cores: int, rank: int, expected: list[int]
+) -> None:
+    assert replica_cores(allowed, cores, rank) == expected

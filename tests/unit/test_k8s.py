@@ -16,34 +16,13 @@ from ray.serve.schema import ServeDeploySchema
 
 from deployments.config import GraphConfig
 from tests.support.crd import KUBERAY, all_errors, schema_errors, to_json_schema
+from tests.support.kustomize import kustomize
 from tests.support.servers import REPO
 from tests.unit.test_configs import unknown_keys
 
 OVERLAYS = sorted(p.name for p in (REPO / "k8s" / "overlays").iterdir())
+TOPOLOGY_OVERLAYS = [name for name in OVERLAYS if name != "cpu"]
 SAMPLES = sorted((KUBERAY / "samples").glob("*.yaml"))
-
-
-def kustomize(folder: Path) -> list[dict[str, Any]]:
-    """Our overlays' kustomize build (resources, nameSuffix, JSON 6902 patches)."""
-    spec = yaml.safe_load((folder / "kustomization.yaml").read_text())
-    docs: list[dict[str, Any]] = []
-    for resource in spec["resources"]:
-        path = folder / resource
-        docs += kustomize(path) if path.is_dir() else list(yaml.safe_load_all(path.read_text()))
-    for patch in spec.get("patches", []):
-        ops = yaml.safe_load((folder / patch["path"]).read_text())
-        for doc in docs:
-            if doc["kind"] == patch["target"]["kind"]:
-                for op in ops:
-                    assert op["op"] == "replace"
-                    *parents, leaf = op["path"].strip("/").split("/")
-                    node = doc
-                    for part in parents:
-                        node = node[part]
-                    node[leaf] = op["value"]
-    for doc in docs:
-        doc["metadata"]["name"] += spec.get("nameSuffix", "")
-    return docs
 
 
 def manifests() -> dict[str, dict[str, Any]]:
@@ -136,9 +115,12 @@ def test_manifests_have_the_gpu_profile_shape() -> None:
     assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"]
     assert "nvidia.com/gpu" not in cpu["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert cpu["minReplicas"] < cpu["maxReplicas"]
+    # Nothing but Generate lands on a GPU node: it offers Ray only Generate's CPUs.
+    gpu_args = yaml.safe_load((REPO / "configs" / "gpu.yaml").read_text())["applications"][0]
+    assert float(gpu["rayStartParams"]["num-cpus"]) == gpu_args["args"]["generate"]["num_cpus"]
 
 
-@pytest.mark.parametrize("name", ["base", *OVERLAYS])
+@pytest.mark.parametrize("name", ["base", *TOPOLOGY_OVERLAYS])
 def test_serve_config_v2_is_a_valid_graph_config(name: str) -> None:
     text = manifests()[name]["spec"]["serveConfigV2"]
     assert isinstance(text, str)
@@ -154,6 +136,34 @@ def test_serve_config_v2_is_a_valid_graph_config(name: str) -> None:
         assert config.tokens_only == args.get("tokens_only", False)
         assert config.text_placement == args.get("text_placement", "inline")
         assert config.tool_call_parser == args.get("tool_call_parser")
+
+
+def test_the_cpu_overlay_carries_the_cluster_profile_and_its_node_groups() -> None:
+    """What tests/cluster starts locally and deploys: the same placement rule as KubeRay's."""
+    doc = manifests()["cpu"]
+    data = yaml.safe_load(doc["spec"]["serveConfigV2"])
+    assert data == yaml.safe_load((REPO / "configs" / "cluster.yaml").read_text())
+    assert unknown_keys(data, ServeDeploySchema) == []
+    config = GraphConfig.from_args(ServeDeploySchema.model_validate(data).applications[0].args)
+    assert config.num_gpus == 0 and config.text_placement == "tier"
+    cluster = doc["spec"]["rayClusterConfig"]
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    assert cluster["autoscalerOptions"]["version"] == "v2"
+    groups = {g["groupName"]: g for g in cluster["workerGroupSpecs"]}
+    engine = groups["engine"]
+    # The engine nodes offer what Generate asks for, and no CPU beyond its own.
+    assert {k: float(v) for k, v in engine["resources"].items()} == config.generate.resources
+    assert float(engine["rayStartParams"]["num-cpus"]) == config.generate.num_cpus
+    for group in groups.values():
+        limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert "nvidia.com/gpu" not in limits
+        assert group["minReplicas"] <= group["maxReplicas"]
+    assert groups["cpu-text"]["maxReplicas"] > groups["cpu-text"]["minReplicas"]
+    # A Derender replica fits a CPU node, and the largest Derender count needs more than one.
+    cpu_node = float(groups["cpu-text"]["rayStartParams"]["num-cpus"])
+    derender = config.derender
+    assert derender.num_cpus is not None and derender.autoscaling is not None
+    assert derender.num_cpus <= cpu_node < derender.num_cpus * derender.autoscaling.max_replicas
 
 
 def test_k8s_is_generated_from_configs() -> None:

@@ -9,7 +9,7 @@ import yaml
 from deployments.ray_env import SERVE_ENV
 from tests.support.servers import REPO
 
-EXPORT = re.compile(r"^export (RAY_SERVE_\w+) \?= (\S+)$", re.MULTILINE)
+EXPORT = re.compile(r"^export (RAY_\w+) \?= (\S+)$", re.MULTILINE)
 
 
 def test_make_run_exports_the_serve_switches() -> None:

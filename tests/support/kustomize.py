@@ -1,0 +1,46 @@
+"""Our k8s overlays built as ``kubectl kustomize`` builds them, offline and in Python.
+
+Enough of Kustomize for what ``scripts/render_k8s.py`` writes: resources,
+``nameSuffix`` and JSON 6902 ``replace`` patches. A unit test checks that
+``kubectl kustomize`` builds the same objects where it is installed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.support.servers import REPO
+
+K8S = REPO / "k8s"
+
+
+def kustomize(folder: Path) -> list[dict[str, Any]]:
+    spec = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    docs: list[dict[str, Any]] = []
+    for resource in spec["resources"]:
+        path = folder / resource
+        docs += kustomize(path) if path.is_dir() else list(yaml.safe_load_all(path.read_text()))
+    for patch in spec.get("patches", []):
+        ops = yaml.safe_load((folder / patch["path"]).read_text())
+        for doc in docs:
+            if doc["kind"] == patch["target"]["kind"]:
+                for op in ops:
+                    if op["op"] != "replace":
+                        raise ValueError(f"{folder}: only replace patches are supported: {op}")
+                    *parents, leaf = op["path"].strip("/").split("/")
+                    node = doc
+                    for part in parents:
+                        node = node[part]
+                    node[leaf] = op["value"]
+    for doc in docs:
+        doc["metadata"]["name"] += spec.get("nameSuffix", "")
+    return docs
+
+
+def overlay(name: str) -> dict[str, Any]:
+    """The one RayService that ``k8s/overlays/<name>`` builds."""
+    (doc,) = kustomize(K8S / "overlays" / name)
+    return doc
