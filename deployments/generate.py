@@ -38,6 +38,7 @@ from .kv_blocks import engine_keying, kv_events_config
 from .kv_index import ROUTING_STATS_KEY, EngineBlocks, EventSubscriber, events_endpoint
 from .pinned_router import PINNED_ROUTING
 from .protocol import TextJob, served_by
+from .serve_logging import serve_log_kept
 from .step_channel import ChannelSource, Outboxes
 from .text_output import TextOutput, tokens_request
 from .vllm_args import serve_namespace
@@ -134,7 +135,8 @@ class Generate(ChannelSource):
             role="generate",
             kv_events=None if endpoint is None else kv_events_config(endpoint),
         )
-        self._engine = await engine_factory(args)
+        with serve_log_kept():
+            self._engine = await engine_factory(args)
         self._blocks: EngineBlocks | None = None
         self._events: EventSubscriber | None = None
         keying = engine_keying(self._engine.vllm_config) if prefix else None
