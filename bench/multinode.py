@@ -47,6 +47,7 @@ from tests.support.kustomize import overlay
 from tests.support.sse_reader import Stream
 
 from .arrivals import arrival_times, parse_ramp
+from .cli import reproducing_command
 
 CPU_GROUP = "cpu-text"
 SOAK_KINDS = {"stream": 0.6, "unary": 0.2, "completion": 0.1, "cancel": 0.05, "abort": 0.05}
@@ -261,13 +262,7 @@ def main() -> None:
                 {"ramp": asdict(ramp), "soak": asdict(soak) if soak else None, "shape": shape}
             )
         )
-    defaults = {a.dest: a.default for a in parser._actions if a.dest not in ("help", "host")}
-    changed = [
-        f"--{k.replace('_', '-')} {v}"
-        for k, v in vars(args).items()
-        if k in defaults and k not in ("work", "out", "report_only") and v != defaults[k]
-    ]
-    command = " ".join(["python -m bench.multinode", *changed, f"--out {args.out}"])
+    command = reproducing_command("bench.multinode", parser, args)
     write(ramp, soak, shape, args, command, args.out)
     print(args.out.read_text())
 

@@ -129,9 +129,9 @@ def write(
         "shares this machine's 2 cores, so the figures below are about placement, scaling "
         "and failures, not speed.",
         "",
-        "The faults (a CPU node's raylet killed mid-stream, the Generate replica killed, the "
-        "Serve controller killed) are tests: `make test-cluster` runs them all, `make test` "
-        "runs the ramp with the node loss (`tests/cluster/test_cluster.py`).",
+        "The faults (a CPU node's raylet killed mid-stream, the Serve controller killed, the "
+        "Generate replica killed) are tests: `make test-cluster` runs them all, `make test` "
+        "all but the Generate replica's (`tests/cluster/test_cluster.py`).",
         "",
         "## Ramp: the autoscaler adds a CPU node for Derender and removes it",
         "",
@@ -155,7 +155,8 @@ def write(
         text += [
             "## Soak",
             "",
-            f"{soak.minutes:g} minutes at {soak.rps:g} requests/s, Poisson: "
+            f"{soak.minutes:g} minutes at {soak.rps:g} req/s, Poisson, against the same "
+            "cluster after the ramp: "
             + ", ".join(f"{k} {v}" for k, v in sorted(soak.kinds.items()))
             + " (*cancel*: the client drops the connection after the first event; *abort*: "
             "`/inference/v1/abort_requests` with the stream's id after the first event).",

@@ -47,6 +47,7 @@ from deployments.topologies import app_config
 from tests.support.servers import running_graph
 
 from .__main__ import DEFAULT_MODEL
+from .cli import reproducing_command
 from .clients import carries_output
 from .stats import percentile
 from .topology import CONFIGS
@@ -315,13 +316,9 @@ def main() -> None:
         results = run_all(args, args.work)
         args.work.mkdir(parents=True, exist_ok=True)
         saved.write_text(json.dumps([asdict(r) for r in results], indent=1))
-    defaults = {a.dest: a.default for a in parser._actions if a.dest not in ("help", "host")}
-    changed = [
-        f"--{k.replace('_', '-')} {v}"
-        for k, v in vars(args).items()
-        if k in defaults and k not in ("work", "out", "model", "report_only") and v != defaults[k]
-    ]
-    command = " ".join(["python -m bench.routing", *changed, f"--out {args.out}"])
+    command = reproducing_command(
+        "bench.routing", parser, args, skip=("work", "out", "model", "report_only")
+    )
     write(results, args, command, args.out)
     print(args.out.read_text())
 

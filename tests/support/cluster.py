@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -383,6 +384,9 @@ def local_cluster(
         yield cluster
     finally:
         cluster.stop()
+        # Ray's session logs of every node (hundreds of MB after a soak); the cluster's
+        # own log stays in ``work``.
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def deployable(serve_config_v2: str, port: int) -> dict[str, Any]:

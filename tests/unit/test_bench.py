@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import itertools
 
 import pytest
 
 from bench.arrivals import Phase, arrival_times, parse_ramp
 from bench.capacity import Rung, highest
+from bench.cli import reproducing_command
 from bench.clients import CLIENTS
 from bench.metrics import engine_busy, engine_steps, running_requests
 from bench.report import cell_text, cpu_per_1k_table, markdown_table
@@ -215,3 +217,16 @@ def test_routing_bench_reads_the_engines_prefix_counters_and_turn_placement() ->
     assert result.hit_rate == 0.4
     assert result.stayed() == 0.5
     assert result.per_replica() == [3, 1]
+
+
+def test_the_reproducing_command_names_only_what_changed() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ramp", default="1:10")
+    parser.add_argument("--soak-minutes", type=float, default=20)
+    parser.add_argument("--work", default="/tmp/w")
+    parser.add_argument("--out", default="docs/x.md")
+    args = parser.parse_args(["--soak-minutes", "5", "--work", "/tmp/elsewhere"])
+    args.host = "not an option"
+    assert reproducing_command("bench.x", parser, args) == (
+        "python -m bench.x --soak-minutes 5.0 --out docs/x.md"
+    )
