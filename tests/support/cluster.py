@@ -414,5 +414,13 @@ def deploy_rayservice(
 
 
 def set_client_env() -> None:
-    """This process as a client of a token-auth cluster (state API calls)."""
+    """This process as a client of a token-auth cluster (state API calls).
+
+    Ray reads ``RAY_AUTH_MODE`` into a cached config when it is first imported,
+    which in a test session happens long before (collecting other tests), so the
+    cache is refreshed as Ray's own ``_enable_token_auth`` does; without it every
+    state API call fails with ``InvalidAuthToken``."""
     os.environ.update(client_env())
+    from ray._raylet import Config
+
+    Config.initialize("")
