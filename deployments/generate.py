@@ -119,10 +119,10 @@ class Generate(ChannelSource):
         self._coalesce_s = config.stream_coalesce_ms / 1000
         context = serve.get_replica_context()
         self._replica = context.replica_id.unique_id
-        if config.num_gpus == 0 and config.generate.cpu_cores is not None:
+        if config.generate.cpu_cores is not None:  # CPU engines only (GraphConfig checks)
             # Read by the engine core process, which this replica is about to spawn.
             cores = replica_cores(
-                sorted(os.sched_getaffinity(0)), config.generate.cpu_cores, context.rank.local_rank
+                list(os.sched_getaffinity(0)), config.generate.cpu_cores, context.rank.local_rank
             )
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
         # With prefix routing, the engine publishes its KV cache events to this replica,
