@@ -35,11 +35,16 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
     GenerateTokensStreamChoice,
     GenerateTokensStreamResponse,
 )
-from vllm.renderers.online_derenderer import _seed_stream_state
 
 from deployments.config import TINY_MODEL, GraphConfig
 from deployments.render import build_render_state
 from deployments.stream_derenderer import ChatStreamDerenderer
+from deployments.vllm_internals import (
+    chat_template_kwargs,
+    derender_chat_stream_parsed,
+    detokenize_delta,
+    seed_stream_state,
+)
 
 MODEL = str(TINY_MODEL)
 SENTENCE = "The user asks for 2 plus 3, so I add them and check the sum again. "
@@ -105,7 +110,7 @@ def measure(state: Any, n: int, stateless_full_max: int, samples: int) -> Row:
         return derenderer.parser(
             tokenizer,
             request.tools,
-            chat_template_kwargs=derenderer._resolve_chat_template_kwargs(request),
+            chat_template_kwargs=chat_template_kwargs(derenderer, request),
             model_config=derenderer.model_config,
         )
 
@@ -120,17 +125,24 @@ def measure(state: Any, n: int, stateless_full_max: int, samples: int) -> Row:
     # Parser kept alive: vLLM's incremental detokenization + parse_delta, the
     # work a stream must do per token whatever carries it.
     parser = new_parser()
-    detok = _seed_stream_state(tokenizer, prompt, skip_special_tokens=False)
+    detok = seed_stream_state(tokenizer, prompt, skip_special_tokens=False)
     start = time.process_time()
     for i, t in enumerate(ids):
-        text, detok = derenderer._detokenize_delta(tokenizer, [t], detok, skip_special_tokens=False)
+        text, detok = detokenize_delta(
+            derenderer,
+            tokenizer,
+            [t],
+            detok,
+            skip_special_tokens=False,
+            spaces_between_special_tokens=True,
+        )
         parser.parse_delta(text, [t], request, prompt_token_ids=prompt, finished=i == n - 1)
     kept_alive = (time.process_time() - start) / n
 
     def stateless_step(position: int, carried: DerenderStreamState) -> tuple[float, Any]:
         begin = time.process_time()
-        _, new_state = derenderer._derender_chat_stream_parsed(
-            derenderer.parser, MODEL, chunks[position], carried, request, len(prompt), prompt
+        _, new_state = derender_chat_stream_parsed(
+            derenderer, MODEL, chunks[position], carried, request, prompt
         )
         return time.process_time() - begin, new_state
 

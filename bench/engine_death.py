@@ -82,6 +82,8 @@ def measure(replicas: int, runs: int, after: int, limit_s: float) -> list[Outcom
         "kv_cache_gib": 1,
         "generate": {"num_replicas": replicas, "num_cpus": 0.3},
         "derender": {"num_replicas": 1, "num_cpus": 0.1},
+        # The replica to kill is named by its PID.
+        "expose_replica_pid": True,
     }
     with (
         tempfile.TemporaryDirectory() as tmp,

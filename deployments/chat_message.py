@@ -26,6 +26,8 @@ from vllm.entrypoints.serve.utils.tool_calls_utils import maybe_filter_parallel_
 from vllm.renderers.chat_utils import make_tool_call_id
 from vllm.renderers.online_derenderer import OnlineDerenderer
 
+from .vllm_internals import chat_template_kwargs
+
 
 @dataclass
 class GeneratedChoice:
@@ -55,7 +57,7 @@ def chat_choice(
         parser = parser_cls(
             derenderer.renderer.get_tokenizer(),
             tools,
-            chat_template_kwargs=derenderer._resolve_chat_template_kwargs(request),
+            chat_template_kwargs=chat_template_kwargs(derenderer, request),
             model_config=derenderer.model_config,
         )
         parser.set_prompt_token_ids(prompt_token_ids)

@@ -210,6 +210,11 @@ class GraphConfig(_Strict):
         None, description="Bearer key for /v1 and /inference; VLLM_API_KEY if unset."
     )
     max_body_bytes: int = Field(32 * 2**20, ge=1024, description="Larger bodies get 413.")
+    expose_replica_pid: bool = Field(
+        False,
+        description="Test only: answer with `X-Served-By-Pid`, the serving replica's PID "
+        "(tests kill it). Off: a client learns nothing of the host's processes.",
+    )
     ingress: DeploymentOptions = Field(default_factory=DeploymentOptions)
     render: DeploymentOptions = Field(default_factory=DeploymentOptions)
     generate: GenerateOptions = Field(default_factory=GenerateOptions)

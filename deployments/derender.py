@@ -39,7 +39,6 @@ from .config import GraphConfig
 from .control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from .control_protocol import ControlCommand
 from .errors import no_live_replica
-from .generate import GENERATE_PREFIX
 from .pinned_router import PINNED_ROUTING
 from .protocol import (
     DerenderChoice,
@@ -55,6 +54,7 @@ from .routable import wait_routed
 from .sse import sse_event
 from .step_channel import ChannelSource, Outboxes, StepChannels
 from .text_output import ChunkEvent, TextOutput, openai_event, tokens_request
+from .vllm_internals import client_request_id
 
 DERENDER_AUTOSCALING: dict[str, Any] = {
     "min_replicas": 1,
@@ -108,7 +108,11 @@ class Derender(ChannelSource):
         """Tier placement: OpenAI chat/completion output for a rendered request,
         a stream's events on the caller's step channel."""
         items = self._text_items(job, openai_event)
-        async for item in self._outboxes.bind(_prepend(served_by("tier"), items), caller, key):
+        async for item in self._outboxes.bind(
+            _prepend(served_by("tier", with_pid=self._config.expose_replica_pid), items),
+            caller,
+            key,
+        ):
             yield item
 
     async def _text_items(self, job: TextJob, event: ChunkEvent) -> AsyncIterator[Any]:
@@ -140,7 +144,7 @@ class Derender(ChannelSource):
         The abort itself happens in the engine; its final ``abort`` chunk
         reaches the client through the stream held here.
         """
-        wanted = {i.removeprefix(GENERATE_PREFIX) for i in request_ids}
+        wanted = {client_request_id(i) for i in request_ids}
         return sum(1 for i in wanted if i in self._streams)
 
     def __del__(self) -> None:

@@ -42,6 +42,12 @@ from .serve_logging import serve_log_kept
 from .step_channel import ChannelSource, Outboxes
 from .text_output import TextOutput, tokens_request
 from .vllm_args import serve_namespace
+from .vllm_internals import (
+    ENGINE_APP_STATE_NAMES,
+    checked_app_state,
+    engine_request_id,
+    live_request_ids,
+)
 
 # Takes the namespace `vllm serve` would parse (vllm_args.serve_namespace).
 EngineFactory = Callable[[argparse.Namespace], Awaitable[Any]]
@@ -50,13 +56,6 @@ logger = logging.getLogger("ray.serve")
 # died lets the error items it already yielded reach their callers before it exits.
 ENGINE_WATCH_S = 0.2
 DEAD_ENGINE_EXIT_GRACE_S = 0.5
-# ServingTokens names the engine request "generate-tokens-<request_id>".
-GENERATE_PREFIX = "generate-tokens-"
-
-
-def engine_request_id(request_id: str) -> str:
-    """The engine's id for a request id a client holds (prefixed once)."""
-    return request_id if request_id.startswith(GENERATE_PREFIX) else GENERATE_PREFIX + request_id
 
 
 async def start_vllm_engine(args: argparse.Namespace) -> Any:
@@ -148,7 +147,7 @@ class Generate(ChannelSource):
                 self._events.start()
         state = State()
         await init_app_state(self._engine, state, args, await self._engine.get_supported_tasks())
-        self._state = state
+        self._state = checked_app_state(state, ENGINE_APP_STATE_NAMES)
         self._text = TextOutput(state.online_derenderer, state.serving_derender)
         self._outboxes = Outboxes(self._replica)
         # Aborts and /metrics reach this replica even when its streams fill every slot.
@@ -213,7 +212,7 @@ class Generate(ChannelSource):
                 }
             )
             return
-        yield served_by("inline")
+        yield served_by("inline", with_pid=self._config.expose_replica_pid)
         stream = bool(job.generate_request.stream)
         engine_id = engine_request_id(job.generate_request.request_id)
         try:
@@ -245,7 +244,7 @@ class Generate(ChannelSource):
         """
         wanted = {engine_request_id(i) for i in request_ids} | set(request_ids)
         engine_ids = sorted(wanted)
-        live = self._engine.output_processor.external_req_ids
+        live = live_request_ids(self._engine)
         held = [i for i in engine_ids if live.get(i)]
         await self._engine.abort(engine_ids)
         return len(held)

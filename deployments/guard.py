@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from http import HTTPStatus
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
 
 from .errors import to_http
@@ -51,7 +51,8 @@ class Guard:
 
     Starlette's ``BaseHTTPMiddleware`` (``@app.middleware("http")``) re-streams
     every body chunk through a memory channel and a task: one more hop per SSE
-    event on every stream. This one only looks at the request.
+    event on every stream. This one only looks at the request (and reads a
+    chunked body itself, to count it).
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -61,34 +62,83 @@ class Guard:
         settings: GuardSettings | None = None
         if scope["type"] == "http" and "app" in scope:
             settings = getattr(scope["app"].state, "guard", None)
-        refusal = None if settings is None else _refusal(Request(scope), settings)
+        if settings is None:
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        refusal = _refusal(request, settings)
+        if refusal is None and request.headers.get("content-length") is None:
+            # A body without a length (chunked) is read here, up to the limit,
+            # and handed on whole: its size is known only once it is read.
+            body = await _read_body(receive, settings.max_body_bytes)
+            if body is None:
+                refusal = _too_large(f"more than {settings.max_body_bytes}", settings)
+            else:
+                receive = _replay(body, receive)
         if refusal is None:
             await self.app(scope, receive, send)
         else:
             await refusal(scope, receive, send)
 
 
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole request body, or None once it grows past ``limit`` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # the client left: let the app see it
+            return b"".join(chunks)
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """``receive`` with the body already read handed out first; after it, the
+    server's own (a disconnect must still reach a streaming response)."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+def _too_large(size: str, settings: GuardSettings) -> Response:
+    return to_http(
+        create_error_response(
+            f"request body of {size} bytes exceeds {settings.max_body_bytes}",
+            "RequestEntityTooLarge",
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+        )
+    )
+
+
+# vLLM's AuthenticationMiddleware answers exactly this, not an ErrorResponse.
+UNAUTHORIZED = {"error": "Unauthorized"}
+
+
 def _refusal(request: Request, settings: GuardSettings) -> Response | None:
-    """The answer to a request the guard stops, or None to let it through."""
+    """The answer to a request the guard stops by its headers, or None to let it through."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
-        return to_http(
-            create_error_response(
-                f"request body of {length} bytes exceeds {settings.max_body_bytes}",
-                "RequestEntityTooLarge",
-                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-            )
-        )
+        return _too_large(length, settings)
     api_key = settings.api_key
-    needs_key = api_key is not None and is_protected(app_path(request))
+    # As vLLM: CORS preflights (OPTIONS) carry no key.
+    needs_key = (
+        api_key is not None and request.method != "OPTIONS" and is_protected(app_path(request))
+    )
     if needs_key and not key_matches(request.headers.get("authorization"), api_key or ""):
-        return to_http(
-            create_error_response(
-                "Unauthorized: a valid 'Authorization: Bearer <api_key>' is required",
-                "AuthenticationError",
-                HTTPStatus.UNAUTHORIZED,
-            )
-        )
+        return JSONResponse(UNAUTHORIZED, status_code=HTTPStatus.UNAUTHORIZED)
     return None
 
 

@@ -93,11 +93,9 @@ async def respond(
     try:
         first = await anext(items)
         if isinstance(first, ServedBy):
-            headers = {
-                **(headers or {}),
-                SERVED_BY_HEADER: first.replica,
-                REPLICA_PID_HEADER: str(first.pid),
-            }
+            headers = {**(headers or {}), SERVED_BY_HEADER: first.replica}
+            if first.pid is not None:
+                headers[REPLICA_PID_HEADER] = str(first.pid)
             first = await anext(items)
     except BaseException as exc:
         _cancel(items)

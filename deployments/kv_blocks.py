@@ -12,8 +12,8 @@ the hashes of blocks stored and removed, as 64-bit ints by default
 
 The router computes the same keys from a request's rendered token ids with
 vLLM's own hash function, and compares them with what each engine's events
-say it holds. This module is the one place that touches vLLM's private
-hashing and event types; ``tests/integration/test_kv_block_keys.py`` checks
+say it holds. vLLM's hashing is reached through ``vllm_internals``; its event
+types are vLLM's public KV events API. ``tests/integration/test_kv_block_keys.py`` checks
 its keys against the events of vLLM's own server.
 """
 
@@ -24,9 +24,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# vLLM's fixed seed when PYTHONHASHSEED is unset (vllm.v1.core.kv_cache_utils).
-_DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
-_NON_CRYPTO_ALGOS = frozenset({"xxhash", "xxhash_cbor"})
+from .vllm_internals import (
+    NON_CRYPTO_HASH_ALGOS,
+    default_none_hash_seed,
+    hash_block,
+    hash_fn_by_name,
+)
+
 _INT_MASK = (1 << 64) - 1
 
 
@@ -40,18 +44,14 @@ class BlockKeying:
 
     def keys(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[int]:
         """The engine's keys (as KV events carry them) of every full block of ``token_ids``."""
-        from vllm.v1.core.kv_cache_utils import BlockHash, hash_block_tokens
-
         hash_fn = _hash_fn(self.hash_algo)
-        # NONE_HASH of an engine with this seed; passed as the first parent, so
-        # the process-wide NONE_HASH (this process's, not the engine's) is never read.
-        parent = BlockHash(hash_fn(self.seed))
+        parent: bytes | None = None  # the engine's root, from its seed
         keys: list[int] = []
         size = self.block_size
         for start in range(0, len(token_ids) - size + 1, size):
             # vLLM's extra keys without LoRA or multimodal input: the salt, on block 0.
             extra = (("cache_salt", cache_salt),) if start == 0 and cache_salt else None
-            parent = hash_block_tokens(hash_fn, parent, token_ids[start : start + size], extra)
+            parent = hash_block(hash_fn, parent, token_ids[start : start + size], extra, self.seed)
             keys.append(event_key(parent))
         return keys
 
@@ -76,9 +76,9 @@ def engine_keying(vllm_config: Any, env: dict[str, str] | None = None) -> BlockK
     seed = env.get("PYTHONHASHSEED")
     algo = str(cache.prefix_caching_hash_algo)
     if seed is None:
-        if algo in _NON_CRYPTO_ALGOS:
+        if algo in NON_CRYPTO_HASH_ALGOS:
             return None
-        seed = _DEFAULT_NONE_HASH_SEED
+        seed = default_none_hash_seed()
     return BlockKeying(block_size=int(cache.block_size), hash_algo=algo, seed=seed)
 
 
@@ -132,7 +132,5 @@ def _decoder(kind: type) -> Any:
 
 def _hash_fn(algo: str) -> Callable[[Any], bytes]:
     if algo not in _HASH_FNS:
-        from vllm.utils.hashing import get_hash_fn_by_name
-
-        _HASH_FNS[algo] = get_hash_fn_by_name(algo)
+        _HASH_FNS[algo] = hash_fn_by_name(algo)
     return _HASH_FNS[algo]

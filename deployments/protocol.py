@@ -39,16 +39,17 @@ class ServedBy(BaseModel):
 
     placement: Literal["inline", "tier"]
     replica: str
-    pid: int
+    pid: int | None = None
+    """Set only with ``GraphConfig.expose_replica_pid`` (tests)."""
 
 
-def served_by(placement: Literal["inline", "tier"]) -> ServedBy:
+def served_by(placement: Literal["inline", "tier"], *, with_pid: bool) -> ServedBy:
     import os
 
     from ray import serve
 
     replica = serve.get_replica_context().replica_id.unique_id
-    return ServedBy(placement=placement, replica=replica, pid=os.getpid())
+    return ServedBy(placement=placement, replica=replica, pid=os.getpid() if with_pid else None)
 
 
 class ParseContext(BaseModel):

@@ -25,6 +25,7 @@ from vllm.entrypoints.serve.tokenize.protocol import (
 
 from .config import GraphConfig
 from .vllm_args import serve_namespace
+from .vllm_internals import APP_STATE_NAMES, checked_app_state
 
 
 async def build_render_state(config: GraphConfig) -> State:
@@ -47,7 +48,7 @@ async def build_render_state(config: GraphConfig) -> State:
     )
     state = State()
     await init_render_app_state(vllm_config, state, args)
-    return state
+    return checked_app_state(state, APP_STATE_NAMES)
 
 
 @serve.deployment(

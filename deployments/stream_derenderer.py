@@ -42,15 +42,17 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
 from vllm.entrypoints.serve.engine.protocol import CompletionTokenUsageInfo, UsageInfo
 from vllm.entrypoints.serve.utils.tool_calls_utils import maybe_filter_parallel_tool_calls
 from vllm.parser import Parser
-from vllm.renderers.online_derenderer import (
-    OnlineDerenderer,
-    _decode_params,
-    _logprob_context_tail,
-    _resolve_logprobs,
-    _seed_stream_state,
-)
+from vllm.renderers.online_derenderer import OnlineDerenderer
 
 from .stop_strings import StopStringHoldback, ended_on_stop_token
+from .vllm_internals import (
+    chat_template_kwargs,
+    decode_params,
+    detokenize_delta,
+    logprob_context_tail,
+    resolve_logprobs,
+    seed_stream_state,
+)
 
 
 def stop_strings(request: ChatCompletionRequest | CompletionRequest) -> list[str] | None:
@@ -109,7 +111,7 @@ class ChatStreamDerenderer:
         self._plain_states: dict[int, DerenderStreamState | None] = {}
         self._plain_holdbacks: dict[int, StopStringHoldback] = {}
         self._template_kwargs: dict[str, Any] | None = None
-        skip_special, spaces = _decode_params(
+        skip_special, spaces = decode_params(
             self._tokenizer, chat_request, preserve_special=self._parsed
         )
         self._skip_special = skip_special
@@ -154,7 +156,7 @@ class ChatStreamDerenderer:
     def _choice(self, index: int) -> _ParsedChoice:
         state = self._choices.get(index)
         if state is None:
-            detok = _seed_stream_state(
+            detok = seed_stream_state(
                 self._tokenizer, self._prompt_token_ids, skip_special_tokens=self._skip_special
             )
             holdback = self._new_holdback()
@@ -163,7 +165,7 @@ class ChatStreamDerenderer:
 
     def _new_parser(self) -> Parser:
         if self._template_kwargs is None:
-            self._template_kwargs = self._derenderer._resolve_chat_template_kwargs(self._request)
+            self._template_kwargs = chat_template_kwargs(self._derenderer, self._request)
         assert self._derenderer.parser is not None
         tools: Any = self._request.tools  # vLLM passes chat tools here too
         return self._derenderer.parser(
@@ -194,7 +196,8 @@ class ChatStreamDerenderer:
                     # As the engine's detokenizer: the stop token has no text.
                     text_ids = delta_ids[:-1]
                 if text_ids:
-                    text, state.detok = self._derenderer._detokenize_delta(
+                    text, state.detok = detokenize_delta(
+                        self._derenderer,
                         self._tokenizer,
                         text_ids,
                         state.detok,
@@ -221,12 +224,8 @@ class ChatStreamDerenderer:
             if choice.logprobs is not None and request.include_reasoning:
                 # Hidden reasoning would leak through decoded logprob tokens,
                 # so vLLM drops logprobs then; keep the same rule.
-                logprobs = _resolve_logprobs(
-                    choice.logprobs,
-                    self._tokenizer,
-                    initial_context_token_ids=state.logprob_context,
-                )
-            state.logprob_context = _logprob_context_tail(state.logprob_context, delta_ids)
+                logprobs = resolve_logprobs(choice.logprobs, self._tokenizer, state.logprob_context)
+            state.logprob_context = logprob_context_tail(state.logprob_context, delta_ids)
 
             finish_reason = choice.finish_reason
             named_tool = type(request.tool_choice) is ChatCompletionNamedToolChoiceParam

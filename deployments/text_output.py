@@ -34,12 +34,7 @@ from vllm.entrypoints.serve.engine.protocol import (
     ErrorResponse,
     UsageInfo,
 )
-from vllm.renderers.online_derenderer import (
-    OnlineDerenderer,
-    _decode_params,
-    _resolve_logprobs,
-    _seed_stream_state,
-)
+from vllm.renderers.online_derenderer import OnlineDerenderer
 
 from .chat_message import GeneratedChoice, chat_choice
 from .coalesce import coalesced
@@ -48,6 +43,7 @@ from .protocol import TextJob
 from .sse import DONE, sse_data, sse_event, sse_stream_payloads
 from .stop_strings import cut_at_stop, ended_on_stop_string, ended_on_stop_token
 from .stream_derenderer import ChatStreamDerenderer, CompletionStreamDerenderer
+from .vllm_internals import decode_params, detokenize_delta, resolve_logprobs, seed_stream_state
 
 OpenAIChunk = ChatCompletionStreamResponse | CompletionStreamResponse
 # Writes one OpenAI chunk as the SSE event the client gets.
@@ -138,7 +134,7 @@ class TextOutput:
         derenderer = self._derenderer
         tokenizer = derenderer.renderer.get_tokenizer()
         prompt = job.generate_request.token_ids
-        skip, spaces = _decode_params(
+        skip, spaces = decode_params(
             tokenizer, request, preserve_special=derenderer.parser is not None
         )
         include_stop = request.include_stop_str_in_output
@@ -149,14 +145,19 @@ class TextOutput:
             text_ids = gen.token_ids
             if ended_on_stop_token(gen.finish_reason, gen.stop_reason, include_stop):
                 text_ids = text_ids[:-1]
-            seed = _seed_stream_state(tokenizer, prompt, skip_special_tokens=skip)
-            text, _ = derenderer._detokenize_delta(
-                tokenizer, text_ids, seed, skip, spaces_between_special_tokens=spaces
+            seed = seed_stream_state(tokenizer, prompt, skip_special_tokens=skip)
+            text, _ = detokenize_delta(
+                derenderer,
+                tokenizer,
+                text_ids,
+                seed,
+                skip_special_tokens=skip,
+                spaces_between_special_tokens=spaces,
             )
             if ended_on_stop_string(gen.finish_reason, gen.stop_reason, include_stop):
                 assert isinstance(gen.stop_reason, str)
                 text = cut_at_stop(text, gen.stop_reason)
-            logprobs = _resolve_logprobs(gen.logprobs, tokenizer) if gen.logprobs else None
+            logprobs = resolve_logprobs(gen.logprobs, tokenizer) if gen.logprobs else None
             generated = GeneratedChoice(
                 gen.index, text, gen.token_ids, gen.finish_reason, gen.stop_reason, logprobs
             )

@@ -1,7 +1,10 @@
 """The named topologies of ``configs/`` and the GPU profile they share.
 
-``configs/<T>.yaml`` is each topology on the CPU-local default; a topology
-differs from another only in its switches. The GPU variant of a topology is
+``configs/<T>.yaml`` is each topology on the CPU-local default. A topology is
+how clients use the graph as much as how it is configured: configs differ only
+in their switches, and T and I, and B and S, have the same config (T asks
+``/inference/v1/generate`` for text where I asks ``/v1/chat/completions``; B
+calls vLLM's per-chunk ``/derender`` where S streams tier chat). The GPU variant of a topology is
 ``configs/gpu.yaml`` with that topology's switches swapped in: the one rule
 that the k8s overlays and the GPU benchmark both use.
 """

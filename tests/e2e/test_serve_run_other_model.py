@@ -82,6 +82,9 @@ def test_serves_the_named_model(other_model_server: str) -> None:
             "Hello! How can I help you today?" in reply.json()["choices"][0]["message"]["content"]
         )
         assert reply.json()["model"] == "other"
+        # A default config names the replica, never its process.
+        assert reply.headers["X-Served-By"]
+        assert "X-Served-By-Pid" not in reply.headers
 
 
 def test_unknown_model_is_404(other_model_server: str) -> None:

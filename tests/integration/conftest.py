@@ -22,7 +22,13 @@ import pytest
 
 from bench.metrics import running_requests
 from deployments.kv_blocks import kv_events_config
-from tests.support.servers import TINY_MODEL, Server, running_graph, running_vllm_as_graph
+from tests.support.servers import (
+    TINY_MODEL,
+    Server,
+    running_graph,
+    running_vllm_as_graph,
+    running_vllm_render,
+)
 
 MODEL = str(TINY_MODEL)
 GRAPH_ARGS = {
@@ -41,6 +47,8 @@ GRAPH_ARGS = {
     "generate": {"num_cpus": 0.3},
     "render": {"num_cpus": 0.1},
     "derender": {"num_replicas": 2, "num_cpus": 0.1},
+    # Tests kill the replica that served them (X-Served-By-Pid); off in production.
+    "expose_replica_pid": True,
 }
 TOKENS_ONLY_PREFIX = "/tokens-only"
 API_KEY = "test-key"
@@ -85,10 +93,24 @@ def vllm_kv_events(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="package")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory, vllm_kv_events: str) -> Iterator[Server]:
     """The oracle: vLLM's own OpenAI server with the graph's model, parsers and
-    context length; it also publishes its KV cache events (no effect on outputs)."""
+    context length. ``--enable-scale-out`` opens its ``/inference/v1/generate``,
+    ``/render`` and ``/derender`` routes; it also publishes its KV cache events
+    (neither changes an output)."""
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    events = ["--kv-events-config", json.dumps(kv_events_config(vllm_kv_events))]
-    with running_vllm_as_graph(log, GRAPH_ARGS, extra_args=events) as server:
+    extra = [
+        "--enable-scale-out",
+        "--kv-events-config",
+        json.dumps(kv_events_config(vllm_kv_events)),
+    ]
+    with running_vllm_as_graph(log, GRAPH_ARGS, extra_args=extra) as server:
+        yield server
+
+
+@pytest.fixture(scope="package")
+def vllm_render(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The oracle for the Render and Derender tiers: ``vllm launch render``."""
+    log = tmp_path_factory.mktemp("vllm-render") / "render.log"
+    with running_vllm_render(log, GRAPH_ARGS) as server:
         yield server
 
 

@@ -1,19 +1,18 @@
-"""The Derender tier: placement routing, replicas, vLLM's /derender, output_mode derender."""
+"""The Derender tier: placement routing, replicas, vLLM's /derender (against
+``vllm launch render``), output_mode derender."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.integration.conftest import GRAPH_ARGS, MODEL
-from tests.integration.test_parity_vllm import SHAPES, normalise_message
-from tests.integration.test_parity_vllm import streamed as streamed_chat
+from tests.integration.conftest import MODEL
+from tests.integration.test_parity_vllm import SHAPES
 from tests.integration.test_skeleton import rendered, sse_payloads
+from tests.support.servers import Server
 
 
 def test_placement_header_routes_and_is_echoed(client: httpx.Client) -> None:
@@ -84,60 +83,63 @@ def drop_volatile(value: Any) -> Any:
     return value
 
 
-@pytest.fixture(scope="module")
-def vllm_derender() -> Any:
-    from deployments.config import GraphConfig
-    from deployments.render import build_render_state
-
-    return asyncio.run(build_render_state(GraphConfig.from_args(GRAPH_ARGS))).serving_derender
-
-
-@pytest.mark.parametrize("shape", ["chat", "reasoning+tool"])
-def test_derender_batch_equals_vllm(client: httpx.Client, vllm_derender: Any, shape: str) -> None:
-    from vllm.entrypoints.scale_out.token_in_token_out.protocol import DerenderChatRequest
-
+@pytest.mark.parametrize("shape", ["chat", "reasoning+tool", "logprobs"])
+def test_derender_batch_equals_vllm_launch_render(
+    client: httpx.Client, vllm_render: Server, shape: str
+) -> None:
+    """Our /v1/chat/completions/derender answers what ``vllm launch render``'s does."""
     body = SHAPES[shape]
     prompt, generated = generate_tokens(client, body, stream=False)
     payload = {"generate_response": generated, "chat_request": body, "prompt_token_ids": prompt}
     ours = client.post("/v1/chat/completions/derender", json=payload)
     assert ours.status_code == 200, ours.text
-    theirs = asyncio.run(
-        vllm_derender.derender_chat_response(DerenderChatRequest.model_validate(payload))
+    theirs = httpx.post(
+        f"{vllm_render.base_url}/v1/chat/completions/derender", json=payload, timeout=60
     )
-    assert drop_volatile(ours.json()) == drop_volatile(json.loads(theirs.model_dump_json()))
+    assert theirs.status_code == 200, theirs.text
+    assert drop_volatile(ours.json()) == drop_volatile(theirs.json())
 
 
-def test_derender_per_chunk_equals_vllm(client: httpx.Client, vllm_derender: Any) -> None:
-    from vllm.entrypoints.scale_out.token_in_token_out.protocol import DerenderChatStreamRequest
-
+def test_derender_per_chunk_equals_vllm_launch_render(
+    client: httpx.Client, vllm_render: Server
+) -> None:
+    """Chunk by chunk, each carrying the state the last answer gave, as vLLM's
+    stateless per-chunk protocol runs."""
     body = SHAPES["reasoning+tool"]
     prompt, chunks = generate_tokens(client, body, stream=True)
+    assert len(chunks) > 5
     ours_state: Any = None
     theirs_state: Any = None
-    for chunk in chunks:
-        base = {"stream": True, "generate_chunk": chunk, "chat_request": body,
-                "prompt_token_ids": prompt}  # fmt: skip
-        ours = client.post(
-            "/v1/chat/completions/derender", json={**base, "stream_state": ours_state}
-        )
-        assert ours.status_code == 200, ours.text
-        request = DerenderChatStreamRequest.model_validate({**base, "stream_state": theirs_state})
-        their_chunk, their_state = asyncio.run(vllm_derender.derender_chat_stream_response(request))
-        theirs = {"chunk": their_chunk.model_dump(), "stream_state": their_state.model_dump()}
-        assert drop_volatile(ours.json()) == drop_volatile(json.loads(json.dumps(theirs)))
-        ours_state = ours.json()["stream_state"]
-        theirs_state = their_state.model_dump()
+    with httpx.Client(base_url=vllm_render.base_url, timeout=60) as reference:
+        for chunk in chunks:
+            base = {"stream": True, "generate_chunk": chunk, "chat_request": body,
+                    "prompt_token_ids": prompt}  # fmt: skip
+            ours = client.post(
+                "/v1/chat/completions/derender", json={**base, "stream_state": ours_state}
+            )
+            assert ours.status_code == 200, ours.text
+            theirs = reference.post(
+                "/v1/chat/completions/derender", json={**base, "stream_state": theirs_state}
+            )
+            assert theirs.status_code == 200, theirs.text
+            assert drop_volatile(ours.json()) == drop_volatile(theirs.json())
+            ours_state = ours.json()["stream_state"]
+            theirs_state = theirs.json()["stream_state"]
 
 
-def test_completion_derender_batch(client: httpx.Client) -> None:
+def test_completion_derender_batch_equals_vllm_launch_render(
+    client: httpx.Client, vllm_render: Server
+) -> None:
     body = {"model": MODEL, "prompt": "The capital of France", "max_tokens": 6, "temperature": 0}
-    request = client.post("/v1/completions/render", json=body).json()[0]
+    request = client.post("/v1/completions/render", json={**body, "logprobs": 2}).json()[0]
     generated = client.post("/inference/v1/generate", json=request).json()
-    text_mode = client.post("/inference/v1/generate", json={**request, "output_mode": "text"})
     payload = {"generate_responses": [generated], "prompt_token_ids": [request["token_ids"]]}
     ours = client.post("/v1/completions/derender", json=payload)
     assert ours.status_code == 200, ours.text
-    assert ours.json()["choices"][0]["text"] == text_mode.json()["choices"][0]["text"]
+    theirs = httpx.post(f"{vllm_render.base_url}/v1/completions/derender", json=payload, timeout=60)
+    assert theirs.status_code == 200, theirs.text
+    assert drop_volatile(ours.json()) == drop_volatile(theirs.json())
+    assert ours.json()["choices"][0]["text"]
 
 
 @pytest.mark.parametrize(
@@ -159,46 +161,6 @@ def test_derender_rejects_bad_input(client: httpx.Client, mutate: Any, needle: s
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["code"] == 400 and needle in error["message"]
-
-
-@pytest.mark.parametrize("shape", ["reasoning", "tools-auto", "reasoning+tool"])
-def test_output_mode_derender_matches_tier_chat(client: httpx.Client, shape: str) -> None:
-    body = SHAPES[shape]
-    request = rendered(client, body)
-    assert request["parse_context"]["include_reasoning"] is True
-    unary = client.post("/inference/v1/generate", json={**request, "output_mode": "derender"})
-    assert unary.status_code == 200, unary.text
-    assert unary.json()["output_mode"] == "derender"
-    chat = client.post("/v1/chat/completions", json=body, headers={"X-Text-Placement": "tier"})
-    want = normalise_message(chat.json()["choices"][0]["message"])
-    got = unary.json()["choices"][0]
-    assert normalise_message(got["message"]) == want
-    assert got["finish_reason"] == chat.json()["choices"][0]["finish_reason"]
-
-    # Streamed, against the streamed tier chat (vLLM's streamed and unary
-    # chat differ on whitespace-only content beside tool calls).
-    want = streamed_chat(client, body, {"X-Text-Placement": "tier"})["message"]
-    streamed = client.post(
-        "/inference/v1/generate", json={**request, "output_mode": "derender", "stream": True}
-    )
-    events = sse_payloads(streamed.text)
-    assert events[-1] == "[DONE]"
-    content, reasoning, calls = "", "", {}
-    for event in events[:-1]:
-        assert event["output_mode"] == "derender"
-        for choice in event["choices"]:
-            content += choice["delta"].get("content") or ""
-            reasoning += choice["delta"].get("reasoning") or ""
-            for call in choice["delta"].get("tool_calls") or []:
-                entry = calls.setdefault(call["index"], {"name": "", "arguments": ""})
-                entry["name"] += (call.get("function") or {}).get("name") or ""
-                entry["arguments"] += (call.get("function") or {}).get("arguments") or ""
-    assert (content or None) == want["content"]
-    assert (reasoning or None) == want["reasoning"]
-    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
-        (c["name"], c["arguments"]) for c in want["tool_calls"]
-    ]
-    assert events[-2]["choices"][0]["finish_reason"] == got["finish_reason"]
 
 
 # U+2028, U+2029 and U+0085 end a line for ``str.splitlines`` but not for SSE,

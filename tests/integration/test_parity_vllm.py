@@ -436,3 +436,94 @@ def test_output_mode_derender_parity_with_vllm_chat(
     for stream, want in ((False, want_unary), (True, want_stream)):
         want = {k: want[k] for k in ("message", "finish_reason")}
         assert derender_mode(client, body, stream) == want, stream
+
+
+def split_floats(value: Any, floats: list[float]) -> Any:
+    """``value`` with every float taken out into ``floats`` (compared within a tolerance)."""
+    if isinstance(value, float):
+        floats.append(value)
+        return "<float>"
+    if isinstance(value, dict):
+        return {k: split_floats(v, floats) for k, v in value.items() if k != "created"}
+    if isinstance(value, list):
+        return [split_floats(v, floats) for v in value]
+    return value
+
+
+def merged_stream(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """A streamed generate answer as one body: per choice, the tokens and logprob
+    entries of every chunk in order, the last finish and stop reasons; the usage.
+    How tokens fall into chunks follows the engine's timing (vLLM's output
+    processor hands a slow reader several tokens at once), so it is not compared."""
+    merged: dict[str, Any] = {
+        "request_id": {c["request_id"] for c in chunks},
+        "output_mode": {c.get("output_mode") for c in chunks},
+        "usage": [c["usage"] for c in chunks if c.get("usage")],
+        "choices": {},
+    }
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            entry = merged["choices"].setdefault(
+                choice["index"], {"token_ids": [], "logprobs": [], "finish_reason": None}
+            )
+            entry["token_ids"] += choice["token_ids"]
+            entry["logprobs"] += (choice.get("logprobs") or {}).get("content") or []
+            if choice.get("finish_reason"):
+                entry["finish_reason"] = choice["finish_reason"]
+                entry["stop_reason"] = choice.get("stop_reason")
+    return merged
+
+
+def generate_result(response: httpx.Response, stream: bool) -> tuple[Any, list[float]]:
+    assert response.status_code == 200, response.text
+    body = (
+        merged_stream([json.loads(line[6:]) for line in response.text.splitlines()
+                       if line.startswith("data: ") and line != "data: [DONE]"])
+        if stream
+        else response.json()
+    )  # fmt: skip
+    floats: list[float] = []
+    return split_floats(body, floats), floats
+
+
+@pytest.mark.parametrize("shape", ["chat", "logprobs", "stop-string"])
+def test_generate_tokens_parity_with_vllm(
+    vllm_server: Server, client: httpx.Client, shape: str
+) -> None:
+    """``/inference/v1/generate`` (``output_mode: tokens``), unary and streamed, answers
+    what vLLM's own route answers for the same rendered request: every field, the
+    logprob values within LOGPROB_TOLERANCE."""
+    rendered = client.post("/v1/chat/completions/render", json=SHAPES[shape])
+    assert rendered.status_code == 200, rendered.text
+    request = rendered.json()
+    request.pop("parse_context")
+    with httpx.Client(base_url=vllm_server.base_url, timeout=120) as reference:
+        for stream in (False, True):
+            sent = {**request, "stream": stream}
+            want, want_floats = generate_result(
+                reference.post("/inference/v1/generate", json=sent), stream
+            )
+            got, got_floats = generate_result(
+                client.post("/inference/v1/generate", json=sent), stream
+            )
+            assert got == want, stream
+            assert got_floats == pytest.approx(want_floats, abs=LOGPROB_TOLERANCE), stream
+            if shape == "logprobs":
+                choices = want["choices"]
+                entries = choices[0]["logprobs"] if stream else choices[0]["logprobs"]["content"]
+                assert entries[0]["top_logprobs"], "no top_logprobs: the case tests nothing"
+
+
+def test_engine_request_id_prefix_is_vllms(vllm_server: Server, client: httpx.Client) -> None:
+    """vLLM's generate route names the engine request ``ENGINE_REQUEST_PREFIX + id``
+    and answers with it; aborts by that id only match if the prefix is vLLM's."""
+    from deployments.vllm_internals import engine_request_id
+
+    rendered = client.post("/v1/chat/completions/render", json={**SHAPES["chat"], "max_tokens": 2})
+    request = {**rendered.json(), "request_id": "probe-id"}
+    request.pop("parse_context")
+    want = httpx.post(f"{vllm_server.base_url}/inference/v1/generate", json=request, timeout=60)
+    assert want.status_code == 200, want.text
+    assert want.json()["request_id"] == engine_request_id("probe-id")
+    got = client.post("/inference/v1/generate", json=request)
+    assert got.json()["request_id"] == want.json()["request_id"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from typing import Any
@@ -11,7 +10,9 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from tests.integration.conftest import AUTH, GRAPH_ARGS, MODEL, TOKENS_ONLY_PREFIX
+from scripts.build_tiny_model import TIME_TOOL, WEATHER_TOOL
+from tests.integration.conftest import AUTH, MODEL, TOKENS_ONLY_PREFIX
+from tests.support.servers import Server
 
 HI = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -41,32 +42,73 @@ def test_health_and_models(client: httpx.Client) -> None:
     assert [m["id"] for m in models["data"]] == [MODEL]
 
 
-def test_render_equals_vllm_render_serving(client: httpx.Client) -> None:
-    """Our /render returns what vLLM's own render server state returns."""
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+RENDER_CHATS = {
+    "plain": {**HI, "max_tokens": 7, "temperature": 0},
+    "defaults": HI,  # vLLM fills max_tokens from the context left
+    "tools": {
+        **HI,
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": [WEATHER_TOOL, TIME_TOOL],
+        "tool_choice": "auto",
+    },
+    "no-thinking": {**HI, "chat_template_kwargs": {"enable_thinking": False}, "seed": 3},
+    "stop": {**HI, "stop": ["Rome"], "logprobs": True, "top_logprobs": 2},
+}
+RENDER_COMPLETIONS = {
+    "prompt": {"model": MODEL, "prompt": "The capital of", "max_tokens": 5},
+    "token-ids": {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 5, "temperature": 0.5},
+    "two-prompts": {"model": MODEL, "prompt": ["a", "b c"], "max_tokens": 5},
+}
 
-    from deployments.config import GraphConfig
-    from deployments.render import build_render_state
 
-    state = asyncio.run(build_render_state(GraphConfig.from_args(GRAPH_ARGS)))
-    chat = {**HI, "request_id": "fixed-id", "max_tokens": 7, "temperature": 0}
-    ours = rendered(client, chat)
-    theirs = asyncio.run(
-        state.serving_render.render_chat_request(ChatCompletionRequest.model_validate(chat))
-    )
-    # Ours adds vLLM 0.33's parse_context beside vLLM 0.32's GenerateRequest.
+@pytest.mark.parametrize("name", list(RENDER_CHATS))
+def test_chat_render_equals_vllm_launch_render(
+    vllm_render: Server, client: httpx.Client, name: str
+) -> None:
+    """Our /v1/chat/completions/render answers what ``vllm launch render`` answers,
+    plus vLLM 0.33's ``parse_context`` (which 0.32 does not have)."""
+    body = {**RENDER_CHATS[name], "request_id": f"render-{name}"}
+    want = httpx.post(f"{vllm_render.base_url}/v1/chat/completions/render", json=body, timeout=60)
+    assert want.status_code == 200, want.text
+    ours = rendered(client, body)
     context = ours.pop("parse_context")
-    assert context["tools"] is None and context["include_reasoning"] is True
-    assert ours == json.loads(json.dumps(theirs.model_dump()))
+    assert context["include_reasoning"] is True
+    assert context["tools"] == body.get("tools")
+    assert ours == want.json()
 
-    completion = {"model": MODEL, "prompt": "The capital of", "request_id": "c-id", "max_tokens": 5}
-    response = client.post("/v1/completions/render", json=completion)
-    assert response.status_code == 200, response.text
-    theirs_list = asyncio.run(
-        state.serving_render.render_completion_request(CompletionRequest.model_validate(completion))
-    )
-    assert response.json() == json.loads(json.dumps([r.model_dump() for r in theirs_list]))
+
+@pytest.mark.parametrize("name", list(RENDER_COMPLETIONS))
+def test_completion_render_equals_vllm_launch_render(
+    vllm_render: Server, client: httpx.Client, name: str
+) -> None:
+    body = {**RENDER_COMPLETIONS[name], "request_id": f"render-{name}"}
+    want = httpx.post(f"{vllm_render.base_url}/v1/completions/render", json=body, timeout=60)
+    assert want.status_code == 200, want.text
+    ours = client.post("/v1/completions/render", json=body)
+    assert ours.status_code == 200, ours.text
+    assert ours.json() == want.json()
+    assert len(ours.json()) == (2 if name == "two-prompts" else 1)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions/render", {"model": MODEL, "messages": []}),
+        ("/v1/chat/completions/render", {**HI, "max_tokens": 10**6}),
+        ("/v1/completions/render", {"model": MODEL, "prompt": "x", "max_tokens": -1}),
+        ("/v1/completions/render", {"model": "nope", "prompt": "x"}),
+    ],
+    ids=["no-messages", "too-long", "negative-max-tokens", "unknown-model"],
+)
+def test_render_errors_equal_vllm_launch_render(
+    vllm_render: Server, client: httpx.Client, path: str, body: dict[str, Any]
+) -> None:
+    want = httpx.post(f"{vllm_render.base_url}{path}", json=body, timeout=60)
+    got = client.post(path, json=body)
+    assert want.status_code >= 400, want.text
+    assert got.status_code == want.status_code, (got.text, want.text)
+    got_error, want_error = got.json()["error"], want.json()["error"]
+    assert (got_error["type"], got_error["code"]) == (want_error["type"], want_error["code"])
 
 
 def test_tokens_mode_returns_token_ids(client: httpx.Client) -> None:

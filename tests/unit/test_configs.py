@@ -59,10 +59,7 @@ def test_config_is_valid(path: Path) -> None:
     assert unknown_keys(data, ServeDeploySchema) == []
     for app in schema.applications:
         assert app.import_path == "graph:build_app"
-        config = GraphConfig.from_args(app.args)
-        for tier in (config.render, config.derender, config.generate, config.ingress):
-            if tier.autoscaling is not None:
-                assert tier.autoscaling.min_replicas <= tier.autoscaling.max_replicas
+        GraphConfig.from_args(app.args)
 
 
 def test_unknown_key_checker_catches_typos() -> None:
@@ -82,20 +79,50 @@ def test_unknown_key_checker_catches_typos() -> None:
     ]
 
 
-@pytest.mark.parametrize("name", sorted(TOPOLOGIES))
-def test_topology_config_builds_the_graph(name: str) -> None:
-    from graph import build_app
-
-    data = yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text())
-    app = build_app(data["applications"][0]["args"])
-    assert app is not None
-
-
 def _deployments(app: Any) -> dict[str, Any]:
     """The bound deployments of a built graph, by name (Serve's own objects)."""
     ingress = app._bound_deployment
     bound = [getattr(arg, "_bound_deployment", None) for arg in ingress.init_args]
     return {d.name: d for d in [ingress, *bound] if d is not None}
+
+
+TIERS = ("Ingress", "Render", "Generate", "Derender")
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_config_builds_its_graph(path: Path) -> None:
+    """``build_app`` of each file's args: every tier is there, built from this file's
+    config, with the replicas, autoscaling and resources the file asks for."""
+    from graph import build_app
+
+    args = yaml.safe_load(path.read_text())["applications"][0]["args"]
+    config = GraphConfig.from_args(args)
+    deployments = _deployments(build_app(args))
+    assert set(deployments) == {*TIERS, "AbortFanout"}
+    for name in TIERS:
+        deployment = deployments[name]
+        built_with = [a for a in deployment.init_args if isinstance(a, GraphConfig)]
+        assert built_with == [config], name
+        options = getattr(config, name.lower())
+        actor = deployment.ray_actor_options
+        if options.num_cpus is not None:
+            assert actor["num_cpus"] == options.num_cpus, name
+        if options.resources is not None:
+            assert actor["resources"] == options.resources, name
+        if options.num_replicas is not None:
+            assert deployment.num_replicas == options.num_replicas, name
+        autoscaling = deployment._deployment_config.autoscaling_config
+        if options.autoscaling is not None:
+            assert autoscaling is not None, name
+            assert (autoscaling.min_replicas, autoscaling.max_replicas) == (
+                options.autoscaling.min_replicas,
+                options.autoscaling.max_replicas,
+            ), name
+    generate = deployments["Generate"].ray_actor_options
+    assert generate.get("num_gpus", 0) == config.num_gpus
+    # A CPU engine gets its KV cache size; a GPU one sizes its own.
+    env = generate["runtime_env"]["env_vars"]
+    assert ("VLLM_CPU_KVCACHE_SPACE" in env) == (config.num_gpus == 0)
 
 
 @pytest.mark.parametrize(

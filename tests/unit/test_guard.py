@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
+import httpx
 import pytest
+from fastapi import FastAPI, Request
 from ray.serve.exceptions import BackPressureError
 
-from deployments.guard import is_protected, key_matches
+from deployments.guard import GuardSettings, install_guard, is_protected, key_matches
 from deployments.http_io import failure_error
 
 
@@ -41,3 +46,63 @@ def test_overload_maps_to_503() -> None:
     assert error.error.code == 503
     assert error.error.type == "ServiceUnavailableError"
     assert failure_error(RuntimeError("boom")).error.code == 503
+
+
+def guarded_app(api_key: str | None, max_body_bytes: int) -> FastAPI:
+    app = FastAPI()
+    app.state.guard = GuardSettings(api_key=api_key, max_body_bytes=max_body_bytes)
+
+    @app.post("/v1/echo")
+    async def echo(request: Request) -> dict[str, int]:
+        return {"bytes": len(await request.body())}
+
+    install_guard(app)
+    return app
+
+
+async def _post(app: Any, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        return await client.post("/v1/echo", content=body, headers=headers)
+
+
+def _chunked(size: int, chunk: int = 1000) -> Any:
+    async def chunks() -> Any:
+        for start in range(0, size, chunk):
+            yield b"x" * min(chunk, size - start)
+
+    return chunks()
+
+
+def test_401_is_what_vllms_own_middleware_answers() -> None:
+    """The same app behind vLLM's AuthenticationMiddleware is the oracle."""
+    from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
+
+    ours = guarded_app("sk-1", 2**20)
+    theirs = guarded_app(None, 2**20)
+    theirs.add_middleware(AuthenticationMiddleware, tokens=["sk-1"])
+    for headers in ({}, {"Authorization": "Bearer sk-2"}, {"Authorization": "sk-1"}):
+        got = asyncio.run(_post(ours, b"{}", headers))
+        want = asyncio.run(_post(theirs, b"{}", headers))
+        assert (
+            (got.status_code, got.json())
+            == (want.status_code, want.json())
+            == (
+                401,
+                {"error": "Unauthorized"},
+            )
+        )
+    assert asyncio.run(_post(ours, b"{}", {"Authorization": "Bearer sk-1"})).status_code == 200
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_body_over_the_limit_is_413_however_it_is_sent(chunked: bool) -> None:
+    app = guarded_app(None, 5000)
+    over = _chunked(5001) if chunked else b"x" * 5001
+    response = asyncio.run(_post(app, over))
+    assert response.status_code == 413, response.text
+    assert response.json()["error"]["type"] == "RequestEntityTooLarge"
+    # At the limit, the whole body reaches the route.
+    at = _chunked(5000) if chunked else b"x" * 5000
+    response = asyncio.run(_post(app, at))
+    assert (response.status_code, response.json()) == (200, {"bytes": 5000})

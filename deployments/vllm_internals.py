@@ -1,0 +1,209 @@
+"""The one door to vLLM 0.32's internals: what is private in vLLM, or copied from it.
+
+The rest of the graph uses vLLM's public serving classes, protocol models and
+parsers. What it needs beyond them goes through here, so a vLLM upgrade (0.33
+brings ``output_mode: derender`` and ``parse_context`` of its own) is checked
+in one place: ``tests/unit/test_vllm_internals.py`` has a test per symbol that
+fails naming it, and ``tests/integration/test_parity_vllm.py`` reads the engine
+request-id prefix from a vLLM server's answer.
+
+Imports are lazy: the prefix router imports this module in every caller of
+Generate, and must not pull in vLLM's renderers there.
+
+Not routed through here: ``deployments/cpu_worker.py`` subclasses vLLM's CPU
+model runner (``_sample``, ``_bookkeeping_sync``), which only a subclass can
+do; its symbols are checked beside the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm.entrypoints.openai.chat_completion.protocol import (
+        ChatCompletionLogProbs,
+        ChatCompletionRequest,
+    )
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateLogProbs
+    from vllm.renderers.online_derenderer import DerenderStreamState, OnlineDerenderer
+
+
+class VllmInternalsChanged(RuntimeError):
+    """vLLM no longer has an internal this graph relies on (a vLLM upgrade)."""
+
+
+# --- Engine request ids -----------------------------------------------------------
+
+ENGINE_REQUEST_PREFIX = "generate-tokens-"
+"""``ServingTokens.serve_tokens`` names its engine request
+``f"generate-tokens-{request_id}"`` and answers with that id; aborts must use it."""
+
+
+def engine_request_id(request_id: str) -> str:
+    """The engine's name for a ``/inference/v1/generate`` request id (idempotent)."""
+    if request_id.startswith(ENGINE_REQUEST_PREFIX):
+        return request_id
+    return ENGINE_REQUEST_PREFIX + request_id
+
+
+def client_request_id(engine_id: str) -> str:
+    """The id a client sent, from the engine's name for it."""
+    return engine_id.removeprefix(ENGINE_REQUEST_PREFIX)
+
+
+def live_request_ids(engine: Any) -> Mapping[str, Any]:
+    """The requests an ``AsyncLLM`` holds now, by the id its caller gave
+    (``output_processor.external_req_ids``: vLLM adds a suffix internally)."""
+    try:
+        ids: Mapping[str, Any] = engine.output_processor.external_req_ids
+    except AttributeError as exc:
+        raise VllmInternalsChanged(f"AsyncLLM.output_processor.external_req_ids: {exc}") from exc
+    return ids
+
+
+# --- App state: the serving objects vLLM's init_app_state builds -------------------
+
+APP_STATE_NAMES = (
+    "openai_serving_models",
+    "serving_tokenization",
+    "serving_render",
+    "serving_derender",
+    "online_derenderer",
+)
+"""What ``init_app_state`` and ``init_render_app_state`` both set on the app state."""
+ENGINE_APP_STATE_NAMES = (*APP_STATE_NAMES, "serving_tokens")
+"""… and what only ``init_app_state`` (with an engine) adds."""
+
+
+def checked_app_state(state: Any, names: Sequence[str]) -> Any:
+    """``state`` once each of ``names`` is set on it, or a loud error naming what is not."""
+    missing = [name for name in names if getattr(state, name, None) is None]
+    if missing:
+        raise VllmInternalsChanged(f"vLLM's app state has no {', '.join(missing)}")
+    return state
+
+
+# --- Incremental detokenization and logprobs (vllm.renderers.online_derenderer) ----
+
+
+def decode_params(
+    tokenizer: Any,
+    request: ChatCompletionRequest | CompletionRequest | None,
+    *,
+    preserve_special: bool,
+) -> tuple[bool, bool]:
+    """``(skip_special_tokens, spaces_between_special_tokens)`` as the engine derives them."""
+    from vllm.renderers.online_derenderer import _decode_params
+
+    return _decode_params(tokenizer, request, preserve_special=preserve_special)
+
+
+def seed_stream_state(
+    tokenizer: Any, prompt_token_ids: list[int] | None, *, skip_special_tokens: bool
+) -> DerenderStreamState:
+    """The decode state primed from the prompt's tail, as the engine primes its detokenizer."""
+    from vllm.renderers.online_derenderer import _seed_stream_state
+
+    return _seed_stream_state(tokenizer, prompt_token_ids, skip_special_tokens=skip_special_tokens)
+
+
+def detokenize_delta(
+    derenderer: OnlineDerenderer,
+    tokenizer: Any,
+    token_ids: list[int],
+    state: DerenderStreamState,
+    *,
+    skip_special_tokens: bool,
+    spaces_between_special_tokens: bool,
+) -> tuple[str, DerenderStreamState]:
+    """The text of ``token_ids`` after ``state``, and the state after them."""
+    return derenderer._detokenize_delta(
+        tokenizer,
+        token_ids,
+        state,
+        skip_special_tokens=skip_special_tokens,
+        spaces_between_special_tokens=spaces_between_special_tokens,
+    )
+
+
+def resolve_logprobs(
+    logprobs: GenerateLogProbs, tokenizer: Any, context_token_ids: Sequence[int] = ()
+) -> ChatCompletionLogProbs:
+    """Generate's id logprobs in the OpenAI chat shape (token text and bytes filled)."""
+    from vllm.renderers.online_derenderer import _resolve_logprobs
+
+    return _resolve_logprobs(logprobs, tokenizer, initial_context_token_ids=context_token_ids)
+
+
+def logprob_context_tail(context_token_ids: list[int], delta_token_ids: list[int]) -> list[int]:
+    """The logprob decode context carried past one more chunk."""
+    from vllm.renderers.online_derenderer import _logprob_context_tail
+
+    return _logprob_context_tail(context_token_ids, delta_token_ids)
+
+
+def chat_template_kwargs(derenderer: OnlineDerenderer, request: ChatCompletionRequest) -> Any:
+    """The chat template kwargs vLLM hands a parser for ``request``."""
+    return derenderer._resolve_chat_template_kwargs(request)
+
+
+def derender_chat_stream_parsed(
+    derenderer: OnlineDerenderer,
+    model_name: str,
+    chunk: Any,
+    state: DerenderStreamState,
+    request: ChatCompletionRequest,
+    prompt_token_ids: list[int],
+) -> tuple[Any, DerenderStreamState]:
+    """vLLM's stateless per-chunk derender step with parsers (what its ``/derender``
+    runs per chunk): the baseline ``bench.derender_cost`` measures."""
+    parser = derenderer.parser
+    if parser is None:
+        raise ValueError("the parsed derender step needs a reasoning or tool parser")
+    return derenderer._derender_chat_stream_parsed(
+        parser,
+        model_name,
+        chunk,
+        state,
+        request,
+        len(prompt_token_ids),
+        prompt_token_ids,
+    )
+
+
+# --- Prefix-cache block hashing (vllm.v1.core.kv_cache_utils) ----------------------
+
+NON_CRYPTO_HASH_ALGOS = frozenset({"xxhash", "xxhash_cbor"})
+"""vLLM's hash algorithms whose root gets a random seed per process unless
+``PYTHONHASHSEED`` is set (``kv_cache_utils._NON_CRYPTO_HASH_FUNCTIONS``, by name)."""
+
+
+def default_none_hash_seed() -> str:
+    """The seed of vLLM's root block hash when ``PYTHONHASHSEED`` is unset."""
+    from vllm.v1.core.kv_cache_utils import DEFAULT_NONE_HASH_SEED
+
+    return DEFAULT_NONE_HASH_SEED
+
+
+def hash_fn_by_name(algo: str) -> Callable[[Any], bytes]:
+    """vLLM's block hash function named by ``--prefix-caching-hash-algo``."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+
+    return get_hash_fn_by_name(algo)
+
+
+def hash_block(
+    hash_fn: Callable[[Any], bytes],
+    parent: bytes | None,
+    token_ids: Sequence[int],
+    extra_keys: tuple[Any, ...] | None,
+    root_seed: str,
+) -> bytes:
+    """One link of vLLM's block hash chain; the first block's parent is the root
+    vLLM derives from ``root_seed`` (passed in, so this process's own root is never read)."""
+    from vllm.v1.core.kv_cache_utils import BlockHash, hash_block_tokens
+
+    parent_hash = BlockHash(hash_fn(root_seed) if parent is None else parent)
+    return bytes(hash_block_tokens(hash_fn, parent_hash, token_ids, extra_keys))
