@@ -15,9 +15,11 @@ def reproducing_command(
     """``python -m <module>``, every option whose value differs from its default (less
     ``skip``, which only say where files go), and ``--out``."""
     defaults = {a.dest: a.default for a in parser._actions if a.dest != "help"}
+    # A switch (store_true/store_false) is written bare: it takes no value.
+    switches = {a.dest for a in parser._actions if a.nargs == 0 and a.dest != "help"}
     left_out = set(skip)
     changed = [
-        f"--{name.replace('_', '-')} {value}"
+        f"--{name.replace('_', '-')}" + ("" if name in switches else f" {value}")
         for name, value in vars(args).items()
         if name in defaults and name not in left_out and value != defaults[name]
     ]

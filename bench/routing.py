@@ -46,6 +46,7 @@ from deployments.config import nest_dotted
 from deployments.topologies import app_config
 from tests.support.servers import running_graph
 
+from . import prefill_model
 from .__main__ import DEFAULT_MODEL
 from .cli import reproducing_command
 from .clients import carries_output
@@ -226,7 +227,7 @@ async def warm(base_url: str, args: Any) -> None:
 
 
 def graph_apps(
-    runs: list[str], cpu_cores: int | None = None
+    runs: list[str], cpu_cores: int | None = None, model: str | None = None
 ) -> dict[str, tuple[str, dict[str, Any]]]:
     """Topology I's app once per row group, side by side in one Serve instance."""
     base = app_config(CONFIGS / "I.yaml")["args"]
@@ -244,6 +245,7 @@ def graph_apps(
             "generate.num_cpus": 0.2,
             "generate.num_replicas": replicas,
             **({"generate.cpu_cores": cpu_cores} if cpu_cores else {}),
+            **({"model": model} if model else {}),
             **variant,
         }
         apps[_slug(run)] = (f"/{_slug(run)}", nest_dotted(args))
@@ -260,7 +262,9 @@ def run_all(args: Any, work: Path) -> list[Result]:
     work.mkdir(parents=True, exist_ok=True)
     runs = args.runs.split(",")
     results = {run: (Result(run, "shared"), Result(run, "unique")) for run in runs}
-    with running_graph(work, graph_apps(runs, args.cpu_cores), timeout_s=900) as server:
+    model = None if args.model == DEFAULT_MODEL else args.model
+    apps = graph_apps(runs, args.cpu_cores, model)
+    with running_graph(work, apps, timeout_s=900) as server:
         for run in runs:
             asyncio.run(warm(f"{server.base_url}/{_slug(run)}", args))
         for repeat in range(args.repeat):
@@ -295,6 +299,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="passes of each workload per graph")
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument(
+        "--prefill-heavy",
+        action="store_true",
+        help="serve bench.prefill_model's model (8x the embedded model's weights per token)",
+    )
+    parser.add_argument(
         "--runs", default=DEFAULT_RUNS, help=f"row groups, of: {', '.join(VARIANTS)}"
     )
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-routing"))
@@ -304,6 +313,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     args.host = f"{platform.machine()}, {os.cpu_count()} CPUs"
+    if args.prefill_heavy:
+        args.model = str(prefill_model.build(args.work / "prefill-heavy"))
     from .routing_report import write
 
     saved = args.work / "results.json"

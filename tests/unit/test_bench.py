@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -217,6 +218,10 @@ def test_routing_bench_reads_the_engines_prefix_counters_and_turn_placement() ->
     assert result.hit_rate == 0.4
     assert result.stayed() == 0.5
     assert result.per_replica() == [3, 1]
+    from bench.routing_report import rows
+
+    # First turns 100 and 90 ms, later turns 50 and 80 ms.
+    assert rows([result])[-1].endswith("| 95 / 65 |")
 
 
 def test_the_reproducing_command_names_only_what_changed() -> None:
@@ -225,8 +230,42 @@ def test_the_reproducing_command_names_only_what_changed() -> None:
     parser.add_argument("--soak-minutes", type=float, default=20)
     parser.add_argument("--work", default="/tmp/w")
     parser.add_argument("--out", default="docs/x.md")
-    args = parser.parse_args(["--soak-minutes", "5", "--work", "/tmp/elsewhere"])
+    parser.add_argument("--heavy", action="store_true")
+    args = parser.parse_args(["--soak-minutes", "5", "--work", "/tmp/elsewhere", "--heavy"])
     args.host = "not an option"
     assert reproducing_command("bench.x", parser, args) == (
-        "python -m bench.x --soak-minutes 5.0 --out docs/x.md"
+        "python -m bench.x --soak-minutes 5.0 --heavy --out docs/x.md"
     )
+
+
+def test_prefill_model_has_the_embedded_tokenizer_and_factor_times_its_layer_weights(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    from safetensors import safe_open
+
+    from bench.prefill_model import FACTOR, TOKENIZER_FILES, build
+    from tests.support.servers import TINY_MODEL
+
+    out = build(tmp_path / "m")
+
+    def layer_weights(model: Path) -> int:
+        with safe_open(str(model / "model.safetensors"), "pt") as f:
+            return sum(
+                f.get_slice(k).get_shape()[0] * f.get_slice(k).get_shape()[-1]
+                for k in f.keys()  # noqa: SIM118 (safe_open has no __iter__)
+                if ".layers." in k and k.endswith("proj.weight")
+            )
+
+    assert layer_weights(out) == FACTOR * layer_weights(TINY_MODEL)
+    for name in TOKENIZER_FILES:
+        assert (out / name).read_bytes() == (TINY_MODEL / name).read_bytes(), name
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForCausalLM"] and config["head_dim"] >= 32
+    # Greedy answers are plain text: special and padding rows never win.
+    added = json.loads((TINY_MODEL / "tokenizer.json").read_text())["added_tokens"]
+    special = min(token["id"] for token in added)
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        embeddings = f.get_tensor("model.embed_tokens.weight")
+    assert not embeddings[special:].any() and embeddings[:special].abs().sum(dim=1).all()
