@@ -1,7 +1,7 @@
 """Start a server process on a free loopback port, wait for /health, stop it by PID.
 
 One helper for every server the tests run: a Serve graph (``serve run`` of a
-config file) and vLLM's own OpenAI server as a reference.
+config file), and vLLM's own OpenAI server and render server as references.
 """
 
 from __future__ import annotations
