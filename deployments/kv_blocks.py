@@ -24,13 +24,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .vllm_internals import (
-    NON_CRYPTO_HASH_ALGOS,
-    default_none_hash_seed,
-    hash_block,
-    hash_fn_by_name,
-)
-
 _INT_MASK = (1 << 64) - 1
 
 
@@ -44,16 +37,18 @@ class BlockKeying:
 
     def keys(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[int]:
         """The engine's keys (as KV events carry them) of every full block of ``token_ids``."""
-        hash_fn = _hash_fn(self.hash_algo)
-        parent: bytes | None = None  # the engine's root, from its seed
-        keys: list[int] = []
+        from .vllm_internals import hash_chain
+
         size = self.block_size
-        for start in range(0, len(token_ids) - size + 1, size):
+        blocks = [
             # vLLM's extra keys without LoRA or multimodal input: the salt, on block 0.
-            extra = (("cache_salt", cache_salt),) if start == 0 and cache_salt else None
-            parent = hash_block(hash_fn, parent, token_ids[start : start + size], extra, self.seed)
-            keys.append(event_key(parent))
-        return keys
+            (
+                token_ids[start : start + size],
+                (("cache_salt", cache_salt),) if start == 0 and cache_salt else None,
+            )
+            for start in range(0, len(token_ids) - size + 1, size)
+        ]
+        return [event_key(h) for h in hash_chain(_hash_fn(self.hash_algo), blocks, self.seed)]
 
 
 def event_key(block_hash: bytes | int) -> int:
@@ -76,6 +71,8 @@ def engine_keying(vllm_config: Any, env: dict[str, str] | None = None) -> BlockK
     seed = env.get("PYTHONHASHSEED")
     algo = str(cache.prefix_caching_hash_algo)
     if seed is None:
+        from .vllm_internals import NON_CRYPTO_HASH_ALGOS, default_none_hash_seed
+
         if algo in NON_CRYPTO_HASH_ALGOS:
             return None
         seed = default_none_hash_seed()
@@ -132,5 +129,7 @@ def _decoder(kind: type) -> Any:
 
 def _hash_fn(algo: str) -> Callable[[Any], bytes]:
     if algo not in _HASH_FNS:
+        from .vllm_internals import hash_fn_by_name
+
         _HASH_FNS[algo] = hash_fn_by_name(algo)
     return _HASH_FNS[algo]

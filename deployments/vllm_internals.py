@@ -7,8 +7,9 @@ in one place: ``tests/unit/test_vllm_internals.py`` has a test per symbol that
 fails naming it, and ``tests/integration/test_parity_vllm.py`` reads the engine
 request-id prefix from a vLLM server's answer.
 
-Imports are lazy: the prefix router imports this module in every caller of
-Generate, and must not pull in vLLM's renderers there.
+vLLM is imported here once, at module level, so the per-token helpers below
+cost one call each. ``kv_blocks`` imports this module only when it hashes, so
+the prefix router's module stays light to import.
 
 Not routed through here: ``deployments/cpu_worker.py`` subclasses vLLM's CPU
 model runner (``_sample``, ``_bookkeeping_sync``), which only a subclass can
@@ -19,6 +20,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from vllm.renderers.online_derenderer import (
+    _decode_params,
+    _logprob_context_tail,
+    _resolve_logprobs,
+    _seed_stream_state,
+)
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_utils import DEFAULT_NONE_HASH_SEED, BlockHash, hash_block_tokens
 
 if TYPE_CHECKING:
     from vllm.entrypoints.openai.chat_completion.protocol import (
@@ -95,8 +105,6 @@ def decode_params(
     preserve_special: bool,
 ) -> tuple[bool, bool]:
     """``(skip_special_tokens, spaces_between_special_tokens)`` as the engine derives them."""
-    from vllm.renderers.online_derenderer import _decode_params
-
     return _decode_params(tokenizer, request, preserve_special=preserve_special)
 
 
@@ -104,8 +112,6 @@ def seed_stream_state(
     tokenizer: Any, prompt_token_ids: list[int] | None, *, skip_special_tokens: bool
 ) -> DerenderStreamState:
     """The decode state primed from the prompt's tail, as the engine primes its detokenizer."""
-    from vllm.renderers.online_derenderer import _seed_stream_state
-
     return _seed_stream_state(tokenizer, prompt_token_ids, skip_special_tokens=skip_special_tokens)
 
 
@@ -132,15 +138,11 @@ def resolve_logprobs(
     logprobs: GenerateLogProbs, tokenizer: Any, context_token_ids: Sequence[int] = ()
 ) -> ChatCompletionLogProbs:
     """Generate's id logprobs in the OpenAI chat shape (token text and bytes filled)."""
-    from vllm.renderers.online_derenderer import _resolve_logprobs
-
     return _resolve_logprobs(logprobs, tokenizer, initial_context_token_ids=context_token_ids)
 
 
 def logprob_context_tail(context_token_ids: list[int], delta_token_ids: list[int]) -> list[int]:
     """The logprob decode context carried past one more chunk."""
-    from vllm.renderers.online_derenderer import _logprob_context_tail
-
     return _logprob_context_tail(context_token_ids, delta_token_ids)
 
 
@@ -182,28 +184,25 @@ NON_CRYPTO_HASH_ALGOS = frozenset({"xxhash", "xxhash_cbor"})
 
 def default_none_hash_seed() -> str:
     """The seed of vLLM's root block hash when ``PYTHONHASHSEED`` is unset."""
-    from vllm.v1.core.kv_cache_utils import DEFAULT_NONE_HASH_SEED
-
     return DEFAULT_NONE_HASH_SEED
 
 
 def hash_fn_by_name(algo: str) -> Callable[[Any], bytes]:
     """vLLM's block hash function named by ``--prefix-caching-hash-algo``."""
-    from vllm.utils.hashing import get_hash_fn_by_name
-
     return get_hash_fn_by_name(algo)
 
 
-def hash_block(
+def hash_chain(
     hash_fn: Callable[[Any], bytes],
-    parent: bytes | None,
-    token_ids: Sequence[int],
-    extra_keys: tuple[Any, ...] | None,
+    blocks: Sequence[tuple[Sequence[int], tuple[Any, ...] | None]],
     root_seed: str,
-) -> bytes:
-    """One link of vLLM's block hash chain; the first block's parent is the root
-    vLLM derives from ``root_seed`` (passed in, so this process's own root is never read)."""
-    from vllm.v1.core.kv_cache_utils import BlockHash, hash_block_tokens
-
-    parent_hash = BlockHash(hash_fn(root_seed) if parent is None else parent)
-    return bytes(hash_block_tokens(hash_fn, parent_hash, token_ids, extra_keys))
+) -> list[bytes]:
+    """vLLM's block hashes of ``blocks`` (tokens, extra keys), each chained on the one
+    before; the first on the root vLLM derives from ``root_seed`` (passed in, so this
+    process's own root is never read)."""
+    parent = BlockHash(hash_fn(root_seed))
+    out: list[bytes] = []
+    for token_ids, extra_keys in blocks:
+        parent = hash_block_tokens(hash_fn, parent, token_ids, extra_keys)
+        out.append(bytes(parent))
+    return out

@@ -195,7 +195,7 @@ def test_block_hashing_seed_and_algorithms(monkeypatch: pytest.MonkeyPatch) -> N
         assert named == set(kv_cache_utils._NON_CRYPTO_HASH_FUNCTIONS)
 
 
-def test_hash_block_is_vllms_chain() -> None:
+def test_hash_chain_is_vllms_chain() -> None:
     from vllm.v1.core import kv_cache_utils
 
     sha = vi.hash_fn_by_name("sha256")
@@ -203,10 +203,9 @@ def test_hash_block_is_vllms_chain() -> None:
     seed = kv_cache_utils.get_none_hash_seed()
     tokens = list(range(32))
     with vllm_symbol("kv_cache_utils.hash_block_tokens"):
-        first = vi.hash_block(sha, None, tokens[:16], None, seed)
+        first, second = vi.hash_chain(sha, [(tokens[:16], None), (tokens[16:], None)], seed)
         want = kv_cache_utils.hash_block_tokens(sha, kv_cache_utils.NONE_HASH, tokens[:16], None)
         assert first == want
-        second = vi.hash_block(sha, first, tokens[16:], None, seed)
         assert second == kv_cache_utils.hash_block_tokens(sha, want, tokens[16:], None)
 
 
