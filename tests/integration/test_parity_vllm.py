@@ -16,6 +16,7 @@ import pytest
 
 from scripts.build_tiny_model import TIME_TOOL, WEATHER_TOOL
 from tests.integration.conftest import AUTH, MODEL, TOKENS_ONLY_PREFIX
+from tests.integration.test_skeleton import sse_payloads
 from tests.support.servers import Server
 
 
@@ -476,12 +477,7 @@ def merged_stream(chunks: list[dict[str, Any]]) -> dict[str, Any]:
 
 def generate_result(response: httpx.Response, stream: bool) -> tuple[Any, list[float]]:
     assert response.status_code == 200, response.text
-    body = (
-        merged_stream([json.loads(line[6:]) for line in response.text.splitlines()
-                       if line.startswith("data: ") and line != "data: [DONE]"])
-        if stream
-        else response.json()
-    )  # fmt: skip
+    body = merged_stream(sse_payloads(response.text)[:-1]) if stream else response.json()
     floats: list[float] = []
     return split_floats(body, floats), floats
 

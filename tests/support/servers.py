@@ -130,6 +130,16 @@ def running(
         log.close()
 
 
+def parser_flags(reasoning_parser: str | None, tool_call_parser: str | None) -> list[str]:
+    """vLLM's server flags for the graph's parser settings."""
+    flags = []
+    if tool_call_parser:
+        flags += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
+    if reasoning_parser:
+        flags += ["--reasoning-parser", reasoning_parser]
+    return flags
+
+
 @contextlib.contextmanager
 def running_vllm(
     log_path: Path,
@@ -149,10 +159,7 @@ def running_vllm(
         "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
         "--max-model-len", str(max_model_len),
     ]  # fmt: skip
-    if tool_call_parser:
-        argv += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
-    if reasoning_parser:
-        argv += ["--reasoning-parser", reasoning_parser]
+    argv += parser_flags(reasoning_parser, tool_call_parser)
     env = {
         "VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}",
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
@@ -174,10 +181,7 @@ def running_vllm_render(log_path: Path, graph_args: Mapping[str, Any]) -> Iterat
         "--host", "127.0.0.1", "--port", str(port),
         "--max-model-len", str(graph_args["max_model_len"]),
     ]  # fmt: skip
-    if graph_args.get("tool_call_parser"):
-        argv += ["--enable-auto-tool-choice", "--tool-call-parser", graph_args["tool_call_parser"]]
-    if graph_args.get("reasoning_parser"):
-        argv += ["--reasoning-parser", graph_args["reasoning_parser"]]
+    argv += parser_flags(graph_args.get("reasoning_parser"), graph_args.get("tool_call_parser"))
     with running(argv, port=port, log_path=log_path, timeout_s=180) as server:
         yield server
 
