@@ -36,7 +36,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -99,7 +99,7 @@ def build() -> Any:
             self._outboxes = Outboxes(replica_id())
             self._coalesce_s = CHANNEL_WINDOW_S
 
-        async def _events(self, tokens: int, pace_s: float) -> AsyncIterator[str]:
+        async def _events(self, tokens: int, pace_s: float) -> AsyncGenerator[str, None]:
             clock = self._clocks.setdefault(pace_s, StepClock(pace_s))
             yield f"data: {time.time()!r}\n\n"
             for _ in range(tokens):

@@ -92,7 +92,14 @@ class AbortFanout:
             self._ask("generate", "abort", request_ids),
             self._ask("derender", "abort", request_ids),
         )
-        return {"generate": sum(_ints(aborted)), "derender": sum(_ints(held))}
+        counts = {"generate": sum(_ints(aborted)), "derender": sum(_ints(held))}
+        logger.info("abort of %d id(s): held %s", len(request_ids), counts)
+        return counts
+
+    async def end_calls(self, keys: list[str]) -> int:
+        """End the Generate calls bound under these step-channel keys (their caller,
+        a Derender replica, died); how many were running."""
+        return sum(_ints(await self._ask("generate", "abort_calls", keys)))
 
     async def engine_states(self) -> list[EngineState]:
         """Every Generate replica's engine state (``/metrics``)."""

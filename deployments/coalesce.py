@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 
@@ -30,13 +30,15 @@ class _End:
         self.error = error
 
 
-def coalesced(source: AsyncIterator[Any], window_s: float | None) -> AsyncIterator[Any]:
+def coalesced(
+    source: AsyncGenerator[Any, None], window_s: float | None
+) -> AsyncGenerator[Any, None]:
     """``source`` coalesced per ``window_s``; as it is with None (a step channel
     batches it instead)."""
     return source if window_s is None else coalesce_events(source, window_s)
 
 
-async def coalesce_events(source: AsyncIterator[Any], window_s: float) -> AsyncIterator[Any]:
+async def coalesce_events(source: AsyncIterator[Any], window_s: float) -> AsyncGenerator[Any, None]:
     """``source``'s items, with runs of ``str`` events joined per ``window_s``."""
     queue: asyncio.Queue[Any] = asyncio.Queue()
 

@@ -26,7 +26,7 @@ class EngineState(BaseModel):
     """The engine's own vLLM metric families (its Prometheus stat logger)."""
 
 
-CommandKind = Literal["subscribed", "abort", "engine_state"]
+CommandKind = Literal["subscribed", "abort", "abort_calls", "engine_state"]
 Tier = Literal["generate", "derender"]
 """The data-plane tiers that subscribe to the control plane."""
 
@@ -38,6 +38,8 @@ class ControlCommand(BaseModel):
     """Answered with ``AbortFanout.reply(id, result)``; 0 for ``subscribed`` (no answer)."""
     kind: CommandKind
     """``subscribed``: the channel is open. ``abort``: abort ``request_ids`` here, answer how
-    many this replica held. ``engine_state``: answer an :class:`EngineState` (Generate only)."""
+    many this replica held. ``abort_calls``: end the bound Generate calls whose step-channel
+    keys are ``request_ids``, answer how many were there (Generate only). ``engine_state``:
+    answer an :class:`EngineState` (Generate only)."""
     request_ids: list[str] = []
-    """For ``abort``: the ids clients hold."""
+    """For ``abort``: the ids clients hold; for ``abort_calls``: step-channel keys."""

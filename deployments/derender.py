@@ -90,11 +90,14 @@ class Derender(ChannelSource):
         self._control = ControlChannel(control, "derender", replica, self._on_control)
         await self._control.start(timeout_s=CONTROL_SUBSCRIBE_TIMEOUT_S)
 
-    async def _generate_events(self, request: GenerateRequest) -> AsyncGenerator[Any, None]:
+    async def _generate_events(
+        self, request: GenerateRequest, key: str
+    ) -> AsyncGenerator[Any, None]:
         """Generate's items for ``request``: a stream's events arrive on this
         replica's step channel to the Generate replica that took it. The call
-        is cancelled if we stop early."""
-        call = self._generate_channels.call("generate_bound", request)
+        is cancelled if we stop early; it carries the caller's ``key``, by which
+        the caller ends it should this replica die."""
+        call = self._generate_channels.call("generate_bound", request, key=key)
         try:
             if not await wait_routed(call, self._generate):
                 yield no_live_replica("Generate")
@@ -107,7 +110,7 @@ class Derender(ChannelSource):
     async def text_bound(self, job: TextJob, caller: str, key: str) -> AsyncIterator[Any]:
         """Tier placement: OpenAI chat/completion output for a rendered request,
         a stream's events on the caller's step channel."""
-        items = self._text_items(job, openai_event)
+        items = self._text_items(job, openai_event, key)
         async for item in self._outboxes.bind(
             _prepend(served_by("tier", with_pid=self._config.expose_replica_pid), items),
             caller,
@@ -115,13 +118,13 @@ class Derender(ChannelSource):
         ):
             yield item
 
-    async def _text_items(self, job: TextJob, event: ChunkEvent) -> AsyncIterator[Any]:
+    async def _text_items(self, job: TextJob, event: ChunkEvent, key: str) -> AsyncIterator[Any]:
         """The job's output, each stream chunk written by ``event`` (not coalesced:
         the step channel batches it)."""
         stream = bool(job.generate_request.stream)
         stream_id = job.generate_request.request_id
         self._streams[stream_id] = self._streams.get(stream_id, 0) + 1
-        events = self._generate_events(tokens_request(job, stream=stream))
+        events = self._generate_events(tokens_request(job, stream=stream), key)
         try:
             first = await anext(events)
             done = isinstance(first, (ErrorResponse, GenerateTokensResponse))
@@ -160,16 +163,17 @@ class Derender(ChannelSource):
     ) -> AsyncIterator[Any]:
         """``output_mode: "derender"``: the parsed assistant message, unary or
         streamed, a stream's events on the caller's step channel."""
-        async for item in self._outboxes.bind(self._derender_items(request, context), caller, key):
+        items = self._derender_items(request, context, key)
+        async for item in self._outboxes.bind(items, caller, key):
             yield item
 
     async def _derender_items(
-        self, request: GenerateRequest, context: ParseContext | None
+        self, request: GenerateRequest, context: ParseContext | None, key: str
     ) -> AsyncIterator[Any]:
         model = request.model or self._config.model_name
         chat = (context or ParseContext()).chat_request(model)
         job = TextJob(generate_request=request, chat_request=chat, model_name=model)
-        async for item in self._text_items(job, _derender_event):
+        async for item in self._text_items(job, _derender_event, key):
             yield _derender_response(item) if isinstance(item, ChatCompletionResponse) else item
 
     async def derender_chat(

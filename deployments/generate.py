@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -33,6 +34,7 @@ from .coalesce import coalesced
 from .config import GraphConfig
 from .control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from .control_protocol import ControlCommand, EngineState
+from .engine_calls import EngineCall, record_streams
 from .engine_metrics import local_vllm_metrics
 from .kv_blocks import engine_keying, kv_events_config
 from .kv_index import ROUTING_STATS_KEY, EngineBlocks, EventSubscriber, events_endpoint
@@ -136,6 +138,11 @@ class Generate(ChannelSource):
         )
         with serve_log_kept():
             self._engine = await engine_factory(args)
+        # Each call's cleanup ends only the engine requests it opened (engine_calls.py).
+        record_streams(self._engine)
+        # The bound calls in flight, by their caller's key: a caller that died (a
+        # Derender replica) cannot cancel them, so the Ingress ends them by key.
+        self._calls: dict[str, EngineCall] = {}
         self._blocks: EngineBlocks | None = None
         self._events: EventSubscriber | None = None
         keying = engine_keying(self._engine.vllm_config) if prefix else None
@@ -178,25 +185,40 @@ class Generate(ChannelSource):
         self, request: GenerateRequest, caller: str, key: str
     ) -> AsyncIterator[Any]:
         """``generate`` with the stream's events on the caller's step channel."""
-        async for item in self._outboxes.bind(self._generate_items(request), caller, key):
+        async for item in self._outboxes.bind(self._generate_items(request, key=key), caller, key):
             yield item
 
     async def _generate_items(
-        self, request: GenerateRequest, coalesce_s: float | None = None
+        self, request: GenerateRequest, coalesce_s: float | None = None, key: str | None = None
     ) -> AsyncIterator[str | GenerateResponseBase | ErrorResponse]:
-        engine_id = engine_request_id(request.request_id)
+        call = self._open(key)
         try:
-            result = await self._state.serving_tokens.serve_tokens(request)
+            with call.opening():
+                result = await self._state.serving_tokens.serve_tokens(request)
             if isinstance(result, (ErrorResponse, GenerateResponseBase)):
                 yield result
                 return
-            async for event in coalesced(result, coalesce_s):
-                yield event
+            # Closed here, not left to the collector: a coalescing task may be reading
+            # the engine's stream, which then could not be closed under it.
+            async with contextlib.aclosing(coalesced(result, coalesce_s)) as events:
+                async for event in events:
+                    yield event
         finally:
-            # A cancelled call (client gone, caller cancelled) must free its
-            # engine slot; Ray does not always deliver CancelledError here.
-            # Aborting a finished request is a no-op.
-            await self._engine.abort(engine_id)
+            await self._close(call, key)
+
+    def _open(self, key: str | None) -> EngineCall:
+        call = EngineCall()
+        if key is not None:
+            self._calls[key] = call
+        return call
+
+    async def _close(self, call: EngineCall, key: str | None) -> None:
+        """A call that ends, however (client gone, caller cancelled, finished), frees
+        its engine requests and only those: Ray does not always deliver
+        ``CancelledError`` into the call, and another request may share its id."""
+        if key is not None and self._calls.get(key) is call:
+            del self._calls[key]
+        await call.close()
 
     async def text(self, job: TextJob) -> AsyncIterator[Any]:
         """Inline text placement: OpenAI chat/completion output next to the engine."""
@@ -214,26 +236,39 @@ class Generate(ChannelSource):
             return
         yield served_by("inline", with_pid=self._config.expose_replica_pid)
         stream = bool(job.generate_request.stream)
-        engine_id = engine_request_id(job.generate_request.request_id)
+        call = self._open(None)
         try:
-            result = await self._state.serving_tokens.serve_tokens(
-                tokens_request(job, stream=stream)
-            )
+            with call.opening():
+                result = await self._state.serving_tokens.serve_tokens(
+                    tokens_request(job, stream=stream)
+                )
             # tokens_request asks for tokens: a unary result is a tokens response.
             assert not isinstance(result, GenerateResponseBase) or isinstance(
                 result, GenerateTokensResponse
             )
-            async for item in self._text.respond(job, result, self._coalesce_s):
-                yield item
+            async with contextlib.aclosing(
+                self._text.respond(job, result, self._coalesce_s)
+            ) as items:
+                async for item in items:
+                    yield item
         finally:
-            await self._engine.abort(engine_id)
+            await self._close(call, None)
 
     async def _on_control(self, command: ControlCommand) -> int | EngineState | None:
         if command.kind == "abort":
             return await self._abort(command.request_ids)
         if command.kind == "engine_state":
             return self._engine_state()
+        if command.kind == "abort_calls":
+            return self._abort_calls(command.request_ids)
         return None
+
+    def _abort_calls(self, keys: list[str]) -> int:
+        """End the bound calls with these keys (their caller died); how many were here."""
+        calls = [call for key in keys if (call := self._calls.get(key)) is not None]
+        for call in calls:
+            call.cancel()
+        return len(calls)
 
     async def _abort(self, request_ids: list[str]) -> int:
         """Abort these requests if this engine holds them; returns how many it held.

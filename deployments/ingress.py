@@ -182,8 +182,9 @@ class Ingress:
         result = await call(self._control.abort.remote(ids), self._control)
         if isinstance(result, ErrorResponse):
             return to_http(result)
-        # vLLM answers an empty 200; the counts only help an operator.
-        return JSONResponse({"held": result})
+        # An empty 200, as vLLM: whether an id was live is no client's business
+        # (AbortFanout logs the counts for the operator).
+        return Response(status_code=200)
 
     @app.get("/v1/models")
     async def models(self) -> Response:
@@ -247,11 +248,8 @@ class Ingress:
             request = validate(data, GenerateRequest)
             if isinstance(request, ErrorResponse):
                 return to_http(request)
-            return await respond(
-                self._generate.generate.remote(request),
-                self._generate,
-                on_failure=self._abort_later(request.request_id),
-            )
+            # The Ingress's own call: ending it (client gone, failure) cancels it there.
+            return await respond(self._generate.generate.remote(request), self._generate)
         request = validate({**data, "output_mode": "tokens"}, GenerateRequest)
         if isinstance(request, ErrorResponse):
             return to_http(request)
@@ -262,11 +260,8 @@ class Ingress:
         context = None if context_data is None else validate(context_data, ParseContext)
         if isinstance(context, ErrorResponse):
             return to_http(context)
-        return await respond(
-            self._derender_channels.call("generate_derender_bound", request, context),
-            self._derender,
-            on_failure=self._abort_later(request.request_id),
-        )
+        call = self._derender_channels.call("generate_derender_bound", request, context)
+        return await respond(call, self._derender, on_failure=self._end_later(call.key))
 
     @app.post("/v1/chat/completions/derender")
     async def derender_chat(self, raw: Request) -> Response:
@@ -333,32 +328,26 @@ class Ingress:
         return placement
 
     async def _text(self, job: TextJob, placement: str) -> Response:
-        tier = self._derender if placement == "tier" else self._generate
-        items = (
-            self._derender_channels.call("text_bound", job)
-            if placement == "tier"
-            else tier.text.remote(job)
-        )
-        return await respond(
-            items,
-            tier,
-            headers={PLACEMENT_HEADER: placement},
-            on_failure=self._abort_later(job.generate_request.request_id),
-        )
+        headers = {PLACEMENT_HEADER: placement}
+        if placement == "inline":
+            return await respond(self._generate.text.remote(job), self._generate, headers)
+        items = self._derender_channels.call("text_bound", job)
+        return await respond(items, self._derender, headers, on_failure=self._end_later(items.key))
 
-    def _abort_later(self, request_id: str) -> Callable[[], None]:
-        """Abort ``request_id`` on every engine, in the background, once called.
+    def _end_later(self, key: str) -> Callable[[], None]:
+        """End the Generate call made for the tier call ``key``, in the background,
+        once called.
 
         A Derender replica that dies mid-stream cannot cancel its call to
         Generate, and Ray does not cancel an actor call whose caller died:
-        the engine would run the request to its end for nobody.
+        the engine would run the request to its end for nobody. The call is
+        named by its key, a uuid no client sees, not by the request id: another
+        client's request may carry the same one.
         """
 
-        def abort() -> None:
-            task = asyncio.create_task(
-                call(self._control.abort.remote([request_id]), self._control)
-            )
+        def end() -> None:
+            task = asyncio.create_task(call(self._control.end_calls.remote([key]), self._control))
             self._cleanups.add(task)
             task.add_done_callback(self._cleanups.discard)
 
-        return abort
+        return end

@@ -24,8 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import itertools
 import math
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -170,13 +170,16 @@ class StepChannels:
     def __init__(self, handle: DeploymentHandle[Any], caller: str) -> None:
         self._handle = handle.options(stream=True)
         self._caller = caller
-        self._keys = itertools.count()
         self._queues: dict[str, asyncio.Queue[Any]] = {}
         self._channels: dict[str, _Channel] = {}
 
-    def call(self, method: str, *args: Any) -> BoundCall:
-        """``method(*args)`` as a bound stream; iterate it as the plain call's response."""
-        key = f"{next(self._keys)}"
+    def call(self, method: str, *args: Any, key: str | None = None) -> BoundCall:
+        """``method(*args)`` as a bound stream; iterate it as the plain call's response.
+
+        ``key`` names the stream on its channel, and to the callee: unique across
+        callers (a uuid unless given), so a caller of this caller can end the
+        callee's work by it when this one dies (``Generate._abort_calls``)."""
+        key = key or uuid.uuid4().hex
         self._queues[key] = asyncio.Queue()
         response = getattr(self._handle, method).remote(*args, self._caller, key)
         return BoundCall(self, key, response)
@@ -233,7 +236,7 @@ class BoundCall:
 
     def __init__(self, channels: StepChannels, key: str, response: Any) -> None:
         self._channels = channels
-        self._key = key
+        self.key = key
         self._response = response
         self._items = self._read(channels, key, response)
         # What routable.wait_routed watches on a plain call.
@@ -259,7 +262,7 @@ class BoundCall:
 
     def cancel(self) -> None:
         self._response.cancel()
-        self._channels._close(self._key)
+        self._channels._close(self.key)
 
 
 class _Channel:

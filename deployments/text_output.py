@@ -9,8 +9,9 @@ through vLLM's own batch derender (``ServingDerender``), exactly as its
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from vllm.entrypoints.openai.chat_completion.protocol import (
@@ -38,7 +39,6 @@ from vllm.renderers.online_derenderer import OnlineDerenderer
 
 from .chat_message import GeneratedChoice, chat_choice
 from .coalesce import coalesced
-from .errors import bad_request
 from .protocol import TextJob
 from .sse import DONE, sse_data, sse_event, sse_stream_payloads
 from .stop_strings import cut_at_stop, ended_on_stop_string, ended_on_stop_token
@@ -87,7 +87,7 @@ class TextOutput:
         result: ErrorResponse | GenerateTokensResponse | AsyncIterator[str],
         coalesce_s: float | None,
         event: ChunkEvent = openai_event,
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         """One generate result → what the client gets: the error value, the unary
         response, or the SSE stream (coalesced per stream for the handle hop
         back, unless ``coalesce_s`` is None: a step channel batches it), each
@@ -99,8 +99,10 @@ class TextOutput:
             yield await self.unary(job, result)
             return
         events = self.stream(job, result, event)
-        async for item in coalesced(events, coalesce_s):
-            yield item
+        # Closed with this generator, so its coalescing task stops reading the source.
+        async with contextlib.aclosing(coalesced(events, coalesce_s)) as items:
+            async for item in items:
+                yield item
 
     async def unary(
         self, job: TextJob, response: GenerateTokensResponse
@@ -140,9 +142,8 @@ class TextOutput:
         include_stop = request.include_stop_str_in_output
         choices, reasoning_tokens = [], 0
         for gen in response.choices:
-            if not gen.token_ids:
-                return bad_request(f"choice {gen.index} has no token_ids")
-            text_ids = gen.token_ids
+            # None or empty: aborted before its first token; vLLM answers it, empty.
+            text_ids = list(gen.token_ids or [])
             if ended_on_stop_token(gen.finish_reason, gen.stop_reason, include_stop):
                 text_ids = text_ids[:-1]
             seed = seed_stream_state(tokenizer, prompt, skip_special_tokens=skip)
@@ -159,7 +160,12 @@ class TextOutput:
                 text = cut_at_stop(text, gen.stop_reason)
             logprobs = resolve_logprobs(gen.logprobs, tokenizer) if gen.logprobs else None
             generated = GeneratedChoice(
-                gen.index, text, gen.token_ids, gen.finish_reason, gen.stop_reason, logprobs
+                gen.index,
+                text,
+                list(gen.token_ids or []),
+                gen.finish_reason,
+                gen.stop_reason,
+                logprobs,
             )
             choice, reasoning = chat_choice(derenderer, request, prompt, generated)
             choices.append(choice)
@@ -185,7 +191,7 @@ class TextOutput:
 
     async def stream(
         self, job: TextJob, source: AsyncIterator[str], event: ChunkEvent = openai_event
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         """Generate SSE events in → OpenAI chunks, written by ``event``, ending in ``[DONE]``.
 
         Error events from generate pass through unchanged; vLLM sends them as
