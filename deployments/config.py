@@ -210,6 +210,16 @@ class GraphConfig(_Strict):
         None, description="Bearer key for /v1 and /inference; VLLM_API_KEY if unset."
     )
     max_body_bytes: int = Field(32 * 2**20, ge=1024, description="Larger bodies get 413.")
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="A request body not fully sent within this long gets 408."
+    )
+    max_body_reads_without_key: int = Field(
+        64,
+        ge=1,
+        description="Per Ingress replica, request bodies read at once from clients without "
+        "the API key (every client, if no key is set); more get 503 at once. Bounds the "
+        "Ingress slots that slow clients can hold.",
+    )
     expose_replica_pid: bool = Field(
         False,
         description="Test only: answer with `X-Served-By-Pid`, the serving replica's PID "

@@ -13,10 +13,13 @@ from http import HTTPStatus
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
 
 logger = logging.getLogger("ray.serve")
+# nginx's status for a client that closed the connection first; nobody reads it.
+CLIENT_CLOSED_REQUEST = 499
 
 
 def bad_request(message: str, param: str | None = None) -> ErrorResponse:
@@ -51,8 +54,20 @@ def install_exception_handlers(app: FastAPI) -> None:
         status = HTTPStatus(exc.status_code)
         return to_http(create_error_response(str(exc.detail), status.phrase, status))
 
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, _: ClientDisconnect) -> Response:
+        # A client that left is routine, not an error: no traceback per disconnect.
+        logger.debug("client left during %s %s", request.method, request.url.path)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
+        # As vLLM's handlers: ValueError, TypeError, OverflowError (UnicodeError too)
+        # and vLLM's client errors are the input's fault, 4xx; the rest is ours.
+        mapped = create_error_response(exc)
+        if mapped.error.code < HTTPStatus.INTERNAL_SERVER_ERROR:
+            logger.info("%s %s: %s", request.method, request.url.path, mapped.error.message)
+            return to_http(mapped)
         logger.exception("unhandled error on %s %s", request.method, request.url.path)
         return to_http(
             create_error_response(

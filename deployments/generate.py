@@ -36,6 +36,7 @@ from .control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from .control_protocol import ControlCommand, EngineState
 from .engine_calls import EngineCall, record_streams
 from .engine_metrics import local_vllm_metrics
+from .json_body import allow_deep_values
 from .kv_blocks import engine_keying, kv_events_config
 from .kv_index import ROUTING_STATS_KEY, EngineBlocks, EventSubscriber, events_endpoint
 from .pinned_router import PINNED_ROUTING
@@ -116,6 +117,7 @@ class Generate(ChannelSource):
     ) -> None:
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 
+        allow_deep_values()  # requests nested as deep as the edge lets through
         self._config = config
         self._coalesce_s = config.stream_coalesce_ms / 1000
         context = serve.get_replica_context()

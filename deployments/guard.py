@@ -1,22 +1,33 @@
-"""The ingress's front door: API key and body size, before any route runs.
+"""The ingress's front door: API key, body size and body pace, before any route runs.
 
 As middleware, it covers every ``/v1/*`` and ``/inference/*`` path, routes
 added later included, so none can slip through unguarded. ``/health``,
-``/metrics`` and the tokens-only ``/abort_requests`` stay open, as in vLLM.
+``/metrics``, ``/tokenize`` and the tokens-only ``/abort_requests`` stay open,
+as in vLLM.
+
+Serve's proxy hands a request to the Ingress as soon as its headers are in,
+and the body follows at the client's pace; each such request holds one of the
+replica's ``max_ongoing_requests``. So the guard reads every body itself:
+within ``body_timeout_s`` (else 408), and, for requests without the API key,
+only so many at once (else 503). A thousand clients that never finish their
+bodies then hold a few dozen slots, not all of them, and keyed traffic and
+``/health`` keep being served.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from dataclasses import dataclass
 from http import HTTPStatus
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
 
-from .errors import to_http
+from .errors import CLIENT_CLOSED_REQUEST, to_http, unavailable
 
 PROTECTED_PREFIXES = ("/v1/", "/inference/")
 
@@ -25,6 +36,14 @@ PROTECTED_PREFIXES = ("/v1/", "/inference/")
 class GuardSettings:
     api_key: str | None
     max_body_bytes: int
+    body_timeout_s: float = 30.0
+    """A body not fully sent within this long gets 408."""
+    max_body_reads_without_key: int = 64
+    """Bodies read at once from requests without the key (all, if none is set); more: 503."""
+
+
+# Methods whose requests carry no body worth reading (a GET's is ignored).
+_BODILESS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def app_path(request: Request) -> str:
@@ -51,12 +70,13 @@ class Guard:
 
     Starlette's ``BaseHTTPMiddleware`` (``@app.middleware("http")``) re-streams
     every body chunk through a memory channel and a task: one more hop per SSE
-    event on every stream. This one only looks at the request (and reads a
-    chunked body itself, to count it).
+    event on every stream. This one only looks at the request, and reads its
+    body, to count it and to time it.
     """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self._reads_without_key = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         settings: GuardSettings | None = None
@@ -67,18 +87,39 @@ class Guard:
             return
         request = Request(scope)
         refusal = _refusal(request, settings)
-        if refusal is None and request.headers.get("content-length") is None:
-            # A body without a length (chunked) is read here, up to the limit,
-            # and handed on whole: its size is known only once it is read.
-            body = await _read_body(receive, settings.max_body_bytes)
-            if body is None:
-                refusal = _too_large(f"more than {settings.max_body_bytes}", settings)
-            else:
+        if refusal is None and request.method not in _BODILESS:
+            body, refusal = await self._read(request, receive, settings)
+            if body is not None:
                 receive = _replay(body, receive)
         if refusal is None:
             await self.app(scope, receive, send)
         else:
             await refusal(scope, receive, send)
+
+    async def _read(
+        self, request: Request, receive: Receive, settings: GuardSettings
+    ) -> tuple[bytes | None, Response | None]:
+        """The whole body (handed on whole), or the refusal of it."""
+        keyed = settings.api_key is not None and key_matches(
+            request.headers.get("authorization"), settings.api_key
+        )
+        if not keyed and self._reads_without_key >= settings.max_body_reads_without_key:
+            return None, _busy()
+        if not keyed:
+            self._reads_without_key += 1
+        try:
+            async with asyncio.timeout(settings.body_timeout_s):
+                body = await _read_body(receive, settings.max_body_bytes)
+        except TimeoutError:
+            return None, _body_timeout(settings)
+        except ClientDisconnect:  # gone before its body was in: nothing to serve
+            return None, Response(status_code=CLIENT_CLOSED_REQUEST)
+        finally:
+            if not keyed:
+                self._reads_without_key -= 1
+        if body is None:
+            return None, _too_large(f"more than {settings.max_body_bytes}", settings)
+        return body, None
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:
@@ -87,8 +128,8 @@ async def _read_body(receive: Receive, limit: int) -> bytes | None:
     size = 0
     while True:
         message = await receive()
-        if message["type"] != "http.request":  # the client left: let the app see it
-            return b"".join(chunks)
+        if message["type"] != "http.request":
+            raise ClientDisconnect
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
@@ -111,6 +152,21 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replayed
+
+
+def _busy() -> Response:
+    return to_http(unavailable("too many requests are sending their bodies; retry later"))
+
+
+def _body_timeout(settings: GuardSettings) -> Response:
+    return to_http(
+        create_error_response(
+            f"the request body was not sent within {settings.body_timeout_s:g} s",
+            "RequestTimeout",
+            HTTPStatus.REQUEST_TIMEOUT,
+        ),
+        {"Connection": "close"},
+    )
 
 
 def _too_large(size: str, settings: GuardSettings) -> Response:

@@ -9,12 +9,13 @@ tier sheds load, and, once a stream has started, an SSE error event and
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
+import pickle
 from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
 from typing import Any, TypeVar
 
+import grpc
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -26,6 +27,7 @@ from vllm.entrypoints.serve.exception_handling.error_response import create_erro
 from vllm.exceptions import GenerationError
 
 from .errors import bad_request, no_live_replica, to_http, unavailable
+from .json_body import BadJson, parse_json
 from .protocol import ServedBy
 from .routable import wait_routed
 from .sse import DONE
@@ -39,11 +41,12 @@ RETRY_AFTER_S = "1"
 
 
 async def read_json(raw: Request) -> Any:
-    """The JSON body, whatever Content-Type the client sent; an error value if not JSON."""
+    """The JSON body, whatever Content-Type the client sent; an error value if not JSON
+    a tier can take (``json_body``)."""
     try:
-        return json.loads(await raw.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return bad_request(f"JSON decode error: {exc}")
+        return parse_json(await raw.body())
+    except BadJson as exc:
+        return bad_request(str(exc))
 
 
 def validate(data: Any, model: type[ModelT] | TypeAdapter[Any]) -> Any:
@@ -154,6 +157,9 @@ def raised_in_tier(exc: Exception) -> Exception:
 def failure_error(exc: Exception) -> ErrorResponse:
     """What a failed handle call means to a client."""
     cause = raised_in_tier(exc)
+    if isinstance(cause, (pickle.PicklingError, RecursionError)):
+        # The request (or its answer) cannot be pickled between tiers: no retry helps.
+        return bad_request(f"the request cannot be passed between tiers: {type(cause).__name__}")
     if not isinstance(cause, (RayError, BackPressureError)):
         # A tier raised instead of returning an error value: vLLM's mapping
         # decides (its validation errors are 400s; a request its engine ended
@@ -165,8 +171,22 @@ def failure_error(exc: Exception) -> ErrorResponse:
             return mapped
     if isinstance(exc, BackPressureError):
         return unavailable("the server is overloaded; retry later")
+    if _too_large_to_cross(cause):
+        # No retry can succeed: the request or its answer is too large for the hop.
+        return create_error_response(
+            "a message between the graph's tiers exceeds Serve's gRPC limit "
+            "(RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH)",
+            "RequestEntityTooLarge",
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+        )
     logger.warning("handle call failed: %r", exc)
     return unavailable(f"a serving tier failed: {type(exc).__name__}")
+
+
+def _too_large_to_cross(exc: Exception) -> bool:
+    return isinstance(exc, grpc.aio.AioRpcError) and (
+        exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    )
 
 
 def _tier_failed(exc: Exception, error: ErrorResponse) -> bool:

@@ -8,6 +8,7 @@ turns error values into HTTP responses.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -33,9 +34,12 @@ from .engine_metrics import exposition
 from .errors import bad_request, install_exception_handlers, not_found, to_http
 from .guard import GuardSettings, install_guard
 from .http_io import call, parse_body, read_json, respond, validate
+from .json_body import allow_deep_values
 from .protocol import ParseContext, TextJob
+from .serve_internals import replica_grpc_max_message_bytes
 from .step_channel import StepChannels
 
+logger = logging.getLogger("ray.serve")
 HEALTH_TIMEOUT_S = 5.0
 PLACEMENT_HEADER = "X-Text-Placement"
 _DERENDER_CHAT = TypeAdapter(DerenderChatRequestUnion)
@@ -95,6 +99,21 @@ def _with_header_id(request: RequestT, raw: Request) -> RequestT:
     return request
 
 
+def max_body_bytes(config: GraphConfig) -> int:
+    """The body cap: ``max_body_bytes``, or less where Serve's gRPC data plane could not
+    carry such a body between tiers (its pickled request can outgrow the JSON: half)."""
+    crossing = replica_grpc_max_message_bytes() // 2
+    if crossing < config.max_body_bytes:
+        logger.warning(
+            "bodies capped at %d bytes, not max_body_bytes=%d: Serve's gRPC data plane "
+            "carries at most %d (RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH)",
+            crossing,
+            config.max_body_bytes,
+            2 * crossing,
+        )
+    return min(config.max_body_bytes, crossing)
+
+
 # Serve's default for a deployment without num_replicas or autoscaling.
 INGRESS_REPLICAS = 1
 
@@ -114,8 +133,14 @@ class Ingress:
         derender: DeploymentHandle,
         abort_fanout: DeploymentHandle,
     ) -> None:
+        allow_deep_values()  # bodies nested as deep as vLLM takes must cross tiers
         api_key = config.api_key.get_secret_value() if config.api_key else None
-        app.state.guard = GuardSettings(api_key=api_key, max_body_bytes=config.max_body_bytes)
+        app.state.guard = GuardSettings(
+            api_key=api_key,
+            max_body_bytes=max_body_bytes(config),
+            body_timeout_s=config.body_timeout_s,
+            max_body_reads_without_key=config.max_body_reads_without_key,
+        )
         self._config = config
         self._control = abort_fanout
         self._render = render

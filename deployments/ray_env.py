@@ -32,4 +32,9 @@ SERVE_ENV = {
     # With this, the raylet adopts a dead worker's children and kills them within 10 s
     # (Ray's default only covers a worker that exits cleanly).
     "RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper": "true",
+    # Serve's gRPC data plane takes messages up to 4 MiB by default, below the 32 MiB
+    # bodies the Ingress accepts and the answers they get (a long unary answer with
+    # logprobs): past it a call fails with no retry that could succeed. Without this
+    # switch, the Ingress caps bodies at half of Serve's limit (ingress.py).
+    "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(256 * 2**20),
 }

@@ -24,6 +24,7 @@ from vllm.entrypoints.serve.tokenize.protocol import (
 )
 
 from .config import GraphConfig
+from .json_body import allow_deep_values
 from .vllm_args import serve_namespace
 from .vllm_internals import APP_STATE_NAMES, checked_app_state
 
@@ -34,6 +35,7 @@ async def build_render_state(config: GraphConfig) -> State:
     from vllm.config import VllmConfig
     from vllm.entrypoints.launchers.render.app_state import init_render_app_state
 
+    allow_deep_values()  # requests nested as deep as the edge lets through
     args = serve_namespace(config, role="render")
     engine_args = AsyncEngineArgs.from_cli_args(args)
     model_config = engine_args.create_model_config()

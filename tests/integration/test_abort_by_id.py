@@ -48,8 +48,6 @@ def test_abort_by_id_ends_streams_and_frees_engines(client: httpx.Client, kind: 
         "/inference/v1/abort_requests", json={"request_ids": [s.stream_id for s in doomed]}
     )
     assert response.status_code == 200, response.text
-    # The engines held both: the streams end because of the abort, not by finishing.
-    assert response.json()["held"]["generate"] == len(doomed), response.text
     # Answered means let go: at most the kept stream is still running.
     assert sum(running_requests(client).values()) <= len(kept), response.text
     for s in streams:

@@ -77,9 +77,8 @@ def test_abort_of_unknown_or_finished_ids_is_a_no_op(client: httpx.Client) -> No
         json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
     ).json()["id"]
     response = client.post("/inference/v1/abort_requests", json={"request_ids": [done, "nope"]})
-    assert response.status_code == 200
-    # No tier held either: the finished one was let go, the unknown one never existed.
-    assert response.json() == {"held": {"generate": 0, "derender": 0}}
+    # vLLM's empty 200: the answer tells nothing of which ids were live.
+    assert response.status_code == 200 and response.content == b""
     assert client.get("/health").status_code == 200
 
 
@@ -241,7 +240,7 @@ def test_abort_metrics_and_health_reach_a_full_generate_replica(client: httpx.Cl
             json={"request_ids": [body["request_id"]]},
             headers=AUTH,
         )
-        assert abort.json() == {"held": {"generate": 1, "derender": 0}}
+        assert abort.status_code == 200 and abort.content == b""
         # Answered means let go: the engine no longer counts it.
         assert list(running_requests(client, TOKENS_ONLY_PREFIX).values()) == [0]
         events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]

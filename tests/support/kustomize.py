@@ -40,7 +40,7 @@ def kustomize(folder: Path) -> list[dict[str, Any]]:
     return docs
 
 
-def overlay(name: str) -> dict[str, Any]:
-    """The one RayService that ``k8s/overlays/<name>`` builds."""
-    (doc,) = kustomize(K8S / "overlays" / name)
+def overlay(name: str, kind: str = "RayService") -> dict[str, Any]:
+    """The one object of ``kind`` that ``k8s/overlays/<name>`` builds."""
+    (doc,) = (d for d in kustomize(K8S / "overlays" / name) if d["kind"] == kind)
     return doc

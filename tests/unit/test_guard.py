@@ -106,3 +106,124 @@ def test_a_body_over_the_limit_is_413_however_it_is_sent(chunked: bool) -> None:
     at = _chunked(5000) if chunked else b"x" * 5000
     response = asyncio.run(_post(app, at))
     assert (response.status_code, response.json()) == (200, {"bytes": 5000})
+
+
+def _scope(path: str, headers: dict[str, str]) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "method": "POST",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+        "http_version": "1.1",
+        "scheme": "http",
+        "server": ("t", 80),
+        "client": ("c", 1),
+    }
+
+
+async def _call(app: Any, path: str, headers: dict[str, str], receive: Any) -> tuple[int, bytes]:
+    """One request through the whole app; its status and body."""
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = _scope(path, headers)
+    scope["app"] = app
+    await app(scope, receive, send)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, body
+
+
+def _never_finishing() -> Any:
+    """A client that sends one byte of its body, then nothing."""
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": b"{", "more_body": True}
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    return receive
+
+
+def _whole(body: bytes) -> Any:
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+def slow_app(**settings: Any) -> FastAPI:
+    app = FastAPI()
+    app.state.guard = GuardSettings(**{"api_key": "k", "max_body_bytes": 1 << 20, **settings})
+
+    @app.post("/tokenize")
+    async def open_route(request: Request) -> dict[str, int]:
+        return {"bytes": len(await request.body())}
+
+    install_guard(app)
+    return app
+
+
+def test_a_body_not_sent_in_time_is_408() -> None:
+    app = slow_app(body_timeout_s=0.2)
+    status, body = asyncio.run(
+        _call(app, "/tokenize", {"content-length": "64"}, _never_finishing())
+    )
+    assert status == 408, body
+    assert b"not sent within 0.2 s" in body
+
+
+def test_slow_clients_without_the_key_hold_few_reads_and_keyed_ones_still_pass() -> None:
+    """Past the cap, a keyless request is refused at once; a keyed one is read and served."""
+    app = slow_app(body_timeout_s=30, max_body_reads_without_key=3)
+
+    async def run() -> list[int]:
+        slow = [
+            asyncio.create_task(
+                _call(app, "/tokenize", {"content-length": "64"}, _never_finishing())
+            )
+            for _ in range(3)
+        ]
+        await asyncio.sleep(0.05)  # the three hold every keyless read
+        refused, _ = await _call(app, "/tokenize", {"content-length": "2"}, _whole(b"{}"))
+        keyed, _ = await _call(
+            app, "/tokenize", {"content-length": "2", "authorization": "Bearer k"}, _whole(b"{}")
+        )
+        for task in slow:
+            task.cancel()
+        await asyncio.gather(*slow, return_exceptions=True)
+        # Cancelled readers give their reads back.
+        again, _ = await _call(app, "/tokenize", {"content-length": "2"}, _whole(b"{}"))
+        return [refused, keyed, again]
+
+    assert asyncio.run(run()) == [503, 200, 200]
+
+
+def test_a_client_gone_before_its_body_reaches_no_route() -> None:
+    app = slow_app()
+    reached: list[str] = []
+
+    @app.post("/v1/x")
+    async def route(request: Request) -> dict[str, str]:
+        reached.append("route")
+        return {}
+
+    messages = iter(
+        [{"type": "http.request", "body": b"{", "more_body": True}, {"type": "http.disconnect"}]
+    )
+
+    async def receive() -> dict[str, Any]:
+        return next(messages)
+
+    headers = {"content-length": "64", "authorization": "Bearer k"}
+    status, _ = asyncio.run(_call(app, "/v1/x", headers, receive))
+    assert status == 499 and reached == []

@@ -31,10 +31,18 @@ def manifests() -> dict[str, dict[str, Any]]:
 
 @functools.cache
 def _built() -> dict[str, dict[str, Any]]:
-    built = {"base": kustomize(REPO / "k8s" / "base")[0]}
-    for name in OVERLAYS:
-        (built[name],) = kustomize(REPO / "k8s" / "overlays" / name)
-    return built
+    """The RayService each of base and the overlays builds."""
+    return {name: _objects(name)["RayService"] for name in ["base", *OVERLAYS]}
+
+
+@functools.cache
+def _objects(name: str) -> dict[str, dict[str, Any]]:
+    """Every object ``name`` (base or an overlay) builds, by kind (one of each)."""
+    folder = REPO / "k8s" / ("base" if name == "base" else f"overlays/{name}")
+    docs = kustomize(folder)
+    by_kind = {doc["kind"]: doc for doc in docs}
+    assert len(by_kind) == len(docs), f"{name}: two objects of one kind"
+    return by_kind
 
 
 def test_kuberay_crds_and_samples_are_there() -> None:
@@ -186,10 +194,71 @@ def test_kubectl_kustomize_agrees_where_kubectl_exists() -> None:
             [kubectl, "kustomize", f"k8s/overlays/{name}"],
             cwd=REPO, capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip
-        assert list(yaml.safe_load_all(out)) == [manifests()[name]]
+        built = list(yaml.safe_load_all(out))
+        assert {doc["kind"]: doc for doc in built} == _objects(name)
+        assert len(built) == len(_objects(name))
 
 
 def test_schema_errors_name_the_field() -> None:
     doc = copy.deepcopy(manifests()["s"])
     doc["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] = "yes"
     assert any("enableInTreeAutoscaling" in e for e in schema_errors(doc))
+
+
+def _pods(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    cluster = doc["spec"]["rayClusterConfig"]
+    return [g["template"] for g in (cluster["headGroupSpec"], *cluster["workerGroupSpecs"])]
+
+
+@pytest.mark.parametrize("name", ["base", *OVERLAYS])
+def test_every_pod_runs_ray_token_auth_and_the_api_key_from_a_secret(name: str) -> None:
+    doc = manifests()[name]
+    # KubeRay v1.7 makes the token's secret and sets RAY_AUTH_MODE/RAY_AUTH_TOKEN on every pod.
+    assert doc["spec"]["rayClusterConfig"]["authOptions"] == {"mode": "token"}
+    assert all_errors(doc) == []
+    for pod in _pods(doc):
+        for container in pod["spec"]["containers"]:
+            env = {e["name"]: e for e in container["env"]}
+            ref = env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]
+            assert ref["name"] == "scaleout-serve-api-key" and not ref.get("optional"), ref
+            assert "value" not in env["VLLM_API_KEY"]
+
+
+def _reachable_from_anywhere(policy: dict[str, Any]) -> set[int | str]:
+    """Ports a rule opens to every source (no ``from``), or None for all ports."""
+    ports: set[int | str] = set()
+    for rule in policy["spec"]["ingress"]:
+        if rule.get("from"):
+            continue
+        assert rule.get("ports"), "a rule with neither from nor ports opens every port"
+        ports |= {p["port"] for p in rule["ports"]}
+    return ports
+
+
+@pytest.mark.parametrize("name", ["base", *OVERLAYS])
+def test_no_ray_port_but_serves_is_reachable_from_outside_the_graph(name: str) -> None:
+    objects = _objects(name)
+    policy, service = objects["NetworkPolicy"], objects["RayService"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    # The policy covers every pod of the cluster.
+    for pod in _pods(service):
+        assert selector.items() <= pod["metadata"]["labels"].items()
+    assert _reachable_from_anywhere(policy) == {8000}
+    for rule in policy["spec"]["ingress"]:
+        for source in rule.get("from", []):
+            labels = source["podSelector"]["matchLabels"]
+            if "namespaceSelector" in source:  # another namespace: the KubeRay operator only
+                assert labels == {"app.kubernetes.io/name": "kuberay-operator"}
+                assert [p["port"] for p in rule["ports"]] == [8265]
+            else:  # the graph's own pods (Ray's nodes talk to each other on many ports)
+                assert labels == selector
+    head = service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]
+    declared = {p["containerPort"] for c in head["spec"]["containers"] for p in c["ports"]}
+    assert declared == {6379, 8265, 8000}  # no Ray Client port
+
+
+def test_the_policy_check_fails_for_a_port_opened_to_all() -> None:
+    policy = copy.deepcopy(_objects("base")["NetworkPolicy"])
+    policy["spec"]["ingress"].append({"ports": [{"port": 8265}]})
+    assert _reachable_from_anywhere(policy) == {8000, 8265}

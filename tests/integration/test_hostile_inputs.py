@@ -1,0 +1,84 @@
+"""Hostile and careless inputs get vLLM's status, never a 5xx: vLLM's own server is the oracle.
+
+Each case goes to vLLM's OpenAI server (same model, parsers and context) and to
+the graph; the statuses must be equal, and the graph's must not be a 5xx.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.conftest import MODEL
+from tests.support.servers import Server
+
+DEEP = 5000
+"""Deeper than either server's JSON parser takes."""
+VALID_DEEP = 700
+WORDS_5MIB = (5 << 20) // 3
+"""Deep, but within what vLLM's parser takes; the template ignores the value."""
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def _chat(**extra: Any) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        **extra,
+    }
+
+
+# (path, what, body: bytes as sent)
+CASES: list[tuple[str, str, bytes]] = [
+    ("/v1/chat/completions", "nested 5000 deep", b"[" * DEEP + b"]" * DEEP),
+    ("/tokenize", "nested 5000 deep", b"[" * DEEP + b"]" * DEEP),
+    ("/inference/v1/generate", "nested 5000 deep", b"[" * DEEP + b"]" * DEEP),
+    ("/v1/chat/completions", "lone surrogate model", b'{"model": "\\ud800", "messages": []}'),
+    ("/tokenize", "lone surrogate prompt", b'{"prompt": "a\\udc00"}'),
+    (
+        "/v1/chat/completions",
+        "valid surrogate pair",
+        json.dumps(_chat(messages=[{"role": "user", "content": "\U0001f600"}])).encode(),
+    ),
+    (
+        "/v1/chat/completions",
+        "700-deep chat_template_kwargs",
+        json.dumps(_chat(chat_template_kwargs={"unused": _nested(VALID_DEEP)})).encode(),
+    ),
+    (
+        "/v1/chat/completions",
+        "5 MiB prompt (over the context)",
+        json.dumps(_chat(messages=[{"role": "user", "content": "hi " * WORDS_5MIB}])).encode(),
+    ),
+    ("/tokenize", "3 MiB prompt", json.dumps({"model": MODEL, "prompt": "hi " * 2**20}).encode()),
+    (
+        "/inference/v1/abort_requests",
+        "450k ids",
+        json.dumps({"request_ids": [f"id-{i}" for i in range(450_000)]}).encode(),
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "what", "body"), CASES, ids=[f"{p} {w}" for p, w, _ in CASES])
+def test_hostile_input_gets_vllms_status(
+    vllm_server: Server, client: httpx.Client, path: str, what: str, body: bytes
+) -> None:
+    headers = {"Content-Type": "application/json"}
+    with httpx.Client(base_url=vllm_server.base_url, timeout=120) as reference:
+        want = reference.post(path, content=body, headers=headers)
+    got = client.post(path, content=body, headers=headers)
+    assert got.status_code < 500, (what, got.status_code, got.text[:500])
+    assert got.status_code == want.status_code, (what, got.text[:300], want.text[:300])
+    if got.status_code >= 400:
+        error = got.json()["error"]
+        assert error["code"] == got.status_code and "Traceback" not in error["message"]

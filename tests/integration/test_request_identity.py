@@ -1,0 +1,171 @@
+"""Request identity: a request id names what a client asked for, never what it may end.
+
+Two clients may send the same ``request_id`` (or ``X-Request-Id``). vLLM runs
+both to their end: a request's own cleanup ends only its own engine request.
+An explicit abort by that id ends both, as vLLM's does, and answers vLLM's
+empty 200 (whether an id was live is nobody's to learn from it).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.conftest import MODEL
+from tests.integration.test_failure_semantics import (
+    HANG_GUARD_S,
+    long_body,
+    running_requests,
+    wait_idle,
+)
+from tests.support.sse_reader import Stream
+
+# Paced (tests/support/paced_decode.py): at least TOKENS x PACE_MS (3 s) on any host,
+# long enough for a second request to start and finish beside the first.
+TOKENS = 300
+PACE_MS = 10
+KINDS = ["tokens", "derender", "inline", "tier", "inline-header"]
+
+
+def _with_id(kind: str, body: dict[str, Any], headers: dict[str, str], shared: str) -> None:
+    """Give the request the id ``shared``: in the body, or as vLLM's header."""
+    if kind == "inline-header":
+        headers["X-Request-Id"] = shared
+        body.pop("request_id", None)
+    else:
+        body["request_id"] = shared
+
+
+def _short(kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The same request, one token long, not streamed."""
+    short = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+    if kind in ("tokens", "derender"):
+        short["sampling_params"] = {**body["sampling_params"], "max_tokens": 1}
+        short.pop("vllm_xargs", None)
+    else:
+        short.update(max_tokens=1)
+        short.pop("vllm_xargs", None)
+    return short
+
+
+def _refused(kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The same request, refused (for generate: by the engine's server, which holds it)."""
+    return {**_short(kind, body), "model": "no-such-model"}
+
+
+def _long(
+    kind: str, client: httpx.Client, shared: str
+) -> tuple[str, dict[str, Any], dict[str, str]]:
+    path, body, headers = long_body(
+        "inline" if kind == "inline-header" else kind, client, tokens=TOKENS, pace_ms=PACE_MS
+    )
+    headers = dict(headers)
+    _with_id(kind, body, headers, shared)
+    return path, body, headers
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_request_that_ends_leaves_another_with_its_id_running(
+    client: httpx.Client, kind: str
+) -> None:
+    shared = f"shared-{kind}-{uuid.uuid4().hex[:8]}"
+    path, body, headers = _long(kind, client, shared)
+    first = Stream(str(client.base_url), path, body, headers)
+    first.start()
+    assert first.wait_first(60) and first.error is None, first.error
+    # Another client's request with the same id, finished and refused, while the first runs.
+    short = client.post(path, json=_short(kind, body), headers=headers)
+    assert short.status_code == 200, short.text
+    refused = client.post(path, json=_refused(kind, body), headers=headers)
+    assert refused.status_code == 404, refused.text
+    first.join(120)
+    assert first.error is None, first.error
+    assert first.events[-1] == "[DONE]"
+    # Not cut short by the other's end: it ran to its length.
+    assert first.finish_reasons() == ["length"], (shared, first.events[-3:])
+    assert first.token_count() == TOKENS
+    wait_idle(client, within_s=HANG_GUARD_S)
+
+
+@pytest.mark.parametrize("kind", ["tokens", "tier", "inline-header"])
+def test_an_abort_by_id_ends_every_request_with_that_id(client: httpx.Client, kind: str) -> None:
+    shared = f"both-{kind}-{uuid.uuid4().hex[:8]}"
+    path, body, headers = _long(kind, client, shared)
+    body = {**body, **_paced_long(kind, body)}
+    streams = [Stream(str(client.base_url), path, body, headers) for _ in range(2)]
+    for stream in streams:
+        stream.start()
+    for stream in streams:
+        assert stream.wait_first(60) and stream.error is None, stream.error
+    # The id both clients got back (``chatcmpl-…`` or ``generate-tokens-…``).
+    (returned,) = {stream.stream_id for stream in streams}
+    answer = client.post("/inference/v1/abort_requests", json={"request_ids": [returned]})
+    # vLLM's answer: an empty 200, whatever the ids held.
+    assert answer.status_code == 200 and answer.content == b"", answer.text
+    for stream in streams:
+        stream.join(120)
+        assert stream.error is None, stream.error
+        assert stream.finish_reasons() == ["abort"], stream.events[-3:]
+    wait_idle(client, within_s=HANG_GUARD_S)
+
+
+def _paced_long(kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Long enough (80 s) that only the abort can end it within the test's guard."""
+    if kind == "tokens":
+        params = {**body["sampling_params"], "max_tokens": 4000}
+        params["extra_args"] = {**params.get("extra_args", {}), "pace_ms": 20}
+        return {"sampling_params": params}
+    return {"max_tokens": 4000, "vllm_xargs": {"pace_ms": 20}}
+
+
+def test_abort_answer_says_nothing_of_what_was_held(client: httpx.Client) -> None:
+    unknown = client.post("/inference/v1/abort_requests", json={"request_ids": ["nope"]})
+    assert unknown.status_code == 200 and unknown.content == b""
+
+
+@pytest.mark.parametrize("placement", ["inline", "tier"])
+def test_unary_request_aborted_before_its_first_token_answers_200_abort(
+    client: httpx.Client, placement: str
+) -> None:
+    """As vLLM: the aborted choice, empty, ``finish_reason: "abort"``; never a 4xx.
+
+    Its first engine step is held 3 s (paced), so the abort lands before any token."""
+    shared = f"prefill-{placement}-{uuid.uuid4().hex[:8]}"
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        "request_id": shared,
+        "vllm_xargs": {"pace_ms": 3000},
+    }
+    answer: dict[str, httpx.Response] = {}
+
+    def send() -> None:
+        with httpx.Client(base_url=str(client.base_url), timeout=60) as c:
+            answer["r"] = c.post(
+                "/v1/chat/completions", json=body, headers={"X-Text-Placement": placement}
+            )
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    deadline = time.monotonic() + 30
+    while sum(running_requests(client).values()) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sum(running_requests(client).values()) == 1
+    # The id the answer will carry, known before it comes: vLLM's ``chatcmpl-<request_id>``.
+    aborted = client.post(
+        "/inference/v1/abort_requests", json={"request_ids": [f"chatcmpl-{shared}"]}
+    )
+    assert aborted.status_code == 200
+    sender.join(60)
+    response = answer["r"]
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["finish_reason"] == "abort", choice
+    assert not choice["message"].get("content"), choice
+    wait_idle(client, within_s=HANG_GUARD_S)
