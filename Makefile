@@ -15,6 +15,7 @@ export RAY_SERVE_ENABLE_DIRECT_INGRESS ?= 0
 export RAY_SERVE_LOG_TO_STDERR ?= 1
 export RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper ?= true
 export RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH ?= 268435456
+export RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH ?= deployments.proxy_edge:middlewares
 
 .PHONY: install run test test-unit test-integration test-e2e test-cluster lint typecheck check model model-check k8s clean
 

@@ -31,6 +31,7 @@ from .json_body import BadJson, parse_json
 from .protocol import ServedBy
 from .routable import wait_routed
 from .sse import DONE
+from .vllm_internals import validation_message
 
 logger = logging.getLogger("ray.serve")
 
@@ -58,9 +59,12 @@ def validate(data: Any, model: type[ModelT] | TypeAdapter[Any]) -> Any:
             return model.validate_python(data)
         return model.model_validate(data)
     except ValidationError as exc:
-        errors = exc.errors()
-        param = ".".join(str(p) for p in errors[0]["loc"]) if errors else None
-        return bad_request(str(exc), param=param)
+        # Located under ``body`` as FastAPI locates a body's errors for vLLM.
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        message, param = validation_message(errors)
+        return create_error_response(
+            message, HTTPStatus.BAD_REQUEST.phrase, HTTPStatus.BAD_REQUEST, param
+        )
     except Exception as exc:
         # vLLM's own validators raise VLLMValidationError & co.; vLLM maps them.
         return create_error_response(exc)

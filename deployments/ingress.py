@@ -37,10 +37,14 @@ from .http_io import call, parse_body, read_json, respond, validate
 from .json_body import allow_deep_values
 from .protocol import ParseContext, TextJob
 from .serve_internals import replica_grpc_max_message_bytes
+from .shared_call import SharedCall
 from .step_channel import StepChannels
 
 logger = logging.getLogger("ray.serve")
 HEALTH_TIMEOUT_S = 5.0
+# The open /health and /metrics: requests that arrive while one fan-out is in
+# flight share it; none is reused after (a read right after an abort must see it).
+OPEN_ROUTE_TTL_S = 0.0
 PLACEMENT_HEADER = "X-Text-Placement"
 _DERENDER_CHAT = TypeAdapter(DerenderChatRequestUnion)
 _DERENDER_COMPLETION = TypeAdapter(DerenderCompletionRequestUnion)
@@ -85,6 +89,18 @@ async def _unary(raw: Request, schema: Any, method: DeploymentHandle) -> Respons
     if isinstance(request, ErrorResponse):
         return to_http(request)
     return _json(await call(method.remote(request), method))
+
+
+ONE_PROMPT = "one prompt per /v1/completions request is supported"
+
+
+def _prompt_count(request: CompletionRequest) -> int:
+    """Prompts a completion request holds: a list of strings or of token-id lists is
+    several; a string or one token-id list is one."""
+    prompt = request.prompt
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        return len(prompt)
+    return 1
 
 
 def _with_header_id(request: RequestT, raw: Request) -> RequestT:
@@ -150,6 +166,8 @@ class Ingress:
         self._derender_channels = StepChannels(
             derender, serve.get_replica_context().replica_id.unique_id
         )
+        self._health: SharedCall[Response] = SharedCall(OPEN_ROUTE_TTL_S)
+        self._metrics: SharedCall[Response] = SharedCall(OPEN_ROUTE_TTL_S)
         # Abort calls in flight after a tier failed (held so they are not collected).
         self._cleanups: set[asyncio.Task[Any]] = set()
 
@@ -159,8 +177,12 @@ class Ingress:
         have a replica whose engine or parsers are up (subscribed to the control plane).
 
         Not a call into Generate or Derender: a replica whose streams fill its
-        ``max_ongoing_requests`` is busy, not unhealthy.
+        ``max_ongoing_requests`` is busy, not unhealthy. Open, so concurrent polls
+        share one check (``shared_call``).
         """
+        return await self._health.get(self._check_health)
+
+    async def _check_health(self) -> Response:
         try:
             await asyncio.wait_for(_awaited(self._render.ready.remote()), HEALTH_TIMEOUT_S)
             tiers = await asyncio.wait_for(
@@ -177,7 +199,11 @@ class Ingress:
 
     @app.get("/metrics")
     async def metrics(self) -> Response:
-        """Every engine's vLLM metrics, labelled by replica (``engine_metrics``)."""
+        """Every engine's vLLM metrics, labelled by replica (``engine_metrics``); open,
+        so concurrent scrapes share one fan-out (``shared_call``)."""
+        return await self._metrics.get(self._read_metrics)
+
+    async def _read_metrics(self) -> Response:
         states = await call(self._control.engine_states.remote(), self._control)
         if isinstance(states, ErrorResponse):
             return to_http(states)
@@ -324,13 +350,15 @@ class Ingress:
         placement = self._placement(raw)
         if isinstance(placement, ErrorResponse):
             return to_http(placement)
+        if _prompt_count(request) > 1:  # refused before Render spends anything on it
+            return to_http(bad_request(ONE_PROMPT, param="prompt"))
         rendered = await call(
             self._render.render_completion.remote(_with_header_id(request, raw)), self._render
         )
         if isinstance(rendered, ErrorResponse):
             return to_http(rendered)
         if len(rendered) != 1:
-            return to_http(bad_request("one prompt per /v1/completions request is supported"))
+            return to_http(bad_request(ONE_PROMPT, param="prompt"))
         job = TextJob(
             generate_request=rendered[0],
             completion_request=request,

@@ -37,4 +37,8 @@ SERVE_ENV = {
     # logprobs): past it a call fails with no retry that could succeed. Without this
     # switch, the Ingress caps bodies at half of Serve's limit (ingress.py).
     "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(256 * 2**20),
+    # Middleware in Serve's HTTP proxy (deployments/proxy_edge.py): uuid4 request ids
+    # where the client sent none (Serve's own are predictable), and header values
+    # that are not UTF-8 served rather than a 500 from the proxy.
+    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "deployments.proxy_edge:middlewares",
 }

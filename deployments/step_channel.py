@@ -26,7 +26,7 @@ import contextlib
 import contextvars
 import math
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,8 +222,16 @@ class StepChannels:
             # one (so the pin would be lost), and cancels them with the request.
             detached = contextvars.Context()
             call = detached.run(self._handle.step_channel.remote, self._caller, replica=replica)
-            channel = self._channels[replica] = detached.run(_Channel, call, self._queues)
+            channel = self._channels[replica] = detached.run(
+                _Channel, call, self._queues, lambda ended: self._forget(replica, ended)
+            )
         return channel
+
+    def _forget(self, replica: str, channel: _Channel) -> None:
+        """Drop a channel that ended (its replica gone, most often): replicas come and
+        go with autoscaling, and each has an id of its own, never reused."""
+        if self._channels.get(replica) is channel:
+            del self._channels[replica]
 
     def stop(self) -> None:
         for channel in self._channels.values():
@@ -268,11 +276,17 @@ class BoundCall:
 class _Channel:
     """One channel call: routes each batch's events to their streams' queues."""
 
-    def __init__(self, call: Any, queues: dict[str, asyncio.Queue[Any]]) -> None:
+    def __init__(
+        self,
+        call: Any,
+        queues: dict[str, asyncio.Queue[Any]],
+        on_end: Callable[[_Channel], None] = lambda _: None,
+    ) -> None:
         self.keys: set[str] = set()
         self.error: BaseException | None = None
         self._call = call
         self._queues = queues
+        self._on_end = on_end
         self._task = asyncio.create_task(self._pump())
 
     async def _pump(self) -> None:
@@ -293,6 +307,7 @@ class _Channel:
             queue = queues.get(key)
             if queue is not None:
                 queue.put_nowait(_Failed(error))
+        self._on_end(self)
 
     def stop(self) -> None:
         self._task.cancel()

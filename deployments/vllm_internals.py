@@ -21,6 +21,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from vllm.entrypoints.serve.exception_handling.handlers.validation import (
+    _MAX_REPORTED_ERRORS,
+    _format_error,
+    clean_loc_for_param,
+)
+from vllm.entrypoints.serve.exception_handling.utils import sanitize_message
 from vllm.renderers.online_derenderer import (
     _decode_params,
     _logprob_context_tail,
@@ -71,6 +77,30 @@ def live_request_ids(engine: Any) -> Mapping[str, Any]:
     except AttributeError as exc:
         raise VllmInternalsChanged(f"AsyncLLM.output_processor.external_req_ids: {exc}") from exc
     return ids
+
+
+# --- Request validation errors, as vLLM's FastAPI handler words them --------------
+
+
+def validation_message(errors: Sequence[Any]) -> tuple[str, str | None]:
+    """``(message, param)`` for pydantic errors of a request body, as vLLM's
+    ``validation_exception_handler`` writes them: at most ten errors, each input
+    summarised (never the whole value echoed back), ``param`` the first error's
+    location without pydantic's internal markers. ``loc`` starts with ``body``."""
+    param = None
+    if errors:
+        loc = errors[0].get("loc") if isinstance(errors[0], dict) else None
+        param = clean_loc_for_param(tuple(loc)) if loc else None
+    if not errors:
+        return "Validation error", param
+    count = len(errors)
+    label = "error" if count == 1 else "errors"
+    reported = errors[:_MAX_REPORTED_ERRORS]
+    message = f"{count} validation {label}:\n"
+    message += "".join(f"  {_format_error(err)}\n" for err in reported)
+    if count > len(reported):
+        message += f"  ...and {count - len(reported)} more {label}\n"
+    return sanitize_message(message.rstrip()), param
 
 
 # --- App state: the serving objects vLLM's init_app_state builds -------------------

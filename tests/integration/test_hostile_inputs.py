@@ -82,3 +82,22 @@ def test_hostile_input_gets_vllms_status(
     if got.status_code >= 400:
         error = got.json()["error"]
         assert error["code"] == got.status_code and "Traceback" not in error["message"]
+
+
+WORDED = [
+    ("/inference/v1/generate", {"token_ids": [], "sampling_params": {}}),
+    ("/inference/v1/generate", {"token_ids": ["a"] * 50, "sampling_params": {}}),
+    ("/v1/chat/completions", {"model": MODEL, "messages": 3}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), WORDED, ids=["empty-ids", "many-bad-ids", "messages"])
+def test_validation_errors_are_worded_as_vllms(
+    vllm_server: Server, client: httpx.Client, path: str, body: dict[str, Any]
+) -> None:
+    """Status, type, param and message: at most ten errors, inputs summarised, not echoed."""
+    with httpx.Client(base_url=vllm_server.base_url, timeout=120) as reference:
+        want = reference.post(path, json=body)
+    got = client.post(path, json=body)
+    assert want.status_code == 400, want.text
+    assert got.status_code == 400 and got.json() == want.json(), (got.text, want.text)

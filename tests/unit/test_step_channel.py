@@ -109,3 +109,43 @@ def test_a_channel_call_that_reached_another_replica_is_refused() -> None:
 
     with pytest.raises(WrongReplicaError):
         asyncio.run(run())
+
+
+class _EndedCall:
+    """A channel call whose replica went away: it ends at once with an error."""
+
+    def __aiter__(self) -> _EndedCall:
+        return self
+
+    async def __anext__(self) -> object:
+        raise ConnectionError("replica gone")
+
+    def cancel(self) -> None:
+        pass
+
+
+class _Handle:
+    def options(self, **_: object) -> _Handle:
+        return self
+
+    @property
+    def step_channel(self) -> _Handle:
+        return self
+
+    def remote(self, *_: object, **__: object) -> _EndedCall:
+        return _EndedCall()
+
+
+def test_a_channel_that_ended_is_forgotten() -> None:
+    """Replicas come and go under autoscaling, each with a new id: a dead one's channel
+    must not stay in the caller's table for the process's life."""
+    from deployments.step_channel import StepChannels
+
+    async def run() -> tuple[bool, bool]:
+        channels = StepChannels(_Handle(), "caller")  # type: ignore[arg-type]
+        channel = channels._channel("gone-replica")
+        held_while_open = "gone-replica" in channels._channels
+        await channel._task
+        return held_while_open, "gone-replica" in channels._channels
+
+    assert asyncio.run(run()) == (True, False)
