@@ -69,6 +69,9 @@ DERENDER_AUTOSCALING: dict[str, Any] = {
     name="Derender",
     ray_actor_options={"num_cpus": 0.25},
     max_ongoing_requests=64,
+    # Per caller: past this many waiting, 503 + Retry-After at once, not a wait
+    # without end (Serve's default is no bound).
+    max_queued_requests=1024,
     autoscaling_config=DERENDER_AUTOSCALING,
     request_router_config=PINNED_ROUTING,
 )

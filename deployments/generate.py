@@ -101,6 +101,9 @@ def replica_cores(allowed: list[int], cores: int, local_rank: int) -> list[int]:
     name="Generate",
     ray_actor_options={"num_cpus": 1},
     max_ongoing_requests=256,
+    # Per caller: past this many waiting, 503 + Retry-After at once, not a wait
+    # without end (Serve's default is no bound).
+    max_queued_requests=1024,
     health_check_period_s=10,
     health_check_timeout_s=30,
     graceful_shutdown_timeout_s=5,

@@ -138,6 +138,9 @@ INGRESS_REPLICAS = 1
     name="Ingress",
     ray_actor_options={"num_cpus": 0.1},
     max_ongoing_requests=1000,
+    # Per caller: past this many waiting, 503 + Retry-After at once, not a wait
+    # without end (Serve's default is no bound).
+    max_queued_requests=2048,
 )
 @serve.ingress(app)
 class Ingress:

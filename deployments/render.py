@@ -57,6 +57,9 @@ async def build_render_state(config: GraphConfig) -> State:
     name="Render",
     ray_actor_options={"num_cpus": 0.25},
     max_ongoing_requests=64,
+    # Per caller: past this many waiting, 503 + Retry-After at once, not a wait
+    # without end (Serve's default is no bound).
+    max_queued_requests=1024,
 )
 class Render:
     """Chat/completion request → ``GenerateRequest``, and vLLM's tokenize/detokenize

@@ -169,3 +169,13 @@ def test_unary_request_aborted_before_its_first_token_answers_200_abort(
     assert choice["finish_reason"] == "abort", choice
     assert not choice["message"].get("content"), choice
     wait_idle(client, within_s=HANG_GUARD_S)
+
+
+def test_a_request_id_header_that_is_not_utf8_is_served(client: httpx.Client) -> None:
+    """vLLM takes any header bytes; Serve's proxy answered 500 for these until the proxy
+    edge (``deployments/proxy_edge.py``) passed them on as UTF-8."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    response = client.post("/v1/chat/completions", json=body, headers={"X-Request-Id": b"id-\xff"})
+    assert response.status_code == 200, response.text
+    # The Latin-1 reading of the value's UTF-8 (vLLM's id reads "id-\xff" itself).
+    assert response.json()["id"] == "chatcmpl-id-" + "\xff".encode().decode("latin-1")

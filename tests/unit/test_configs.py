@@ -118,6 +118,13 @@ def test_config_builds_its_graph(path: Path) -> None:
                 options.autoscaling.min_replicas,
                 options.autoscaling.max_replicas,
             ), name
+        # Every tier's queue is bounded (Serve's default is none): overload is a 503.
+        want = options.max_queued_requests
+        assert (
+            deployment.max_queued_requests == want
+            if want is not None
+            else (deployment.max_queued_requests > 0)
+        ), name
     generate = deployments["Generate"].ray_actor_options
     assert generate.get("num_gpus", 0) == config.num_gpus
     # A CPU engine gets its KV cache size; a GPU one sizes its own.
