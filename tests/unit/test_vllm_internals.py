@@ -218,3 +218,30 @@ def test_cpu_model_runner_methods_cpu_worker_overrides(method: str) -> None:
     if method == "_sample":
         params = list(inspect.signature(CPUModelRunner._sample).parameters)
         assert params[:3] == ["self", "logits", "spec_decode_metadata"], params
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"token_ids": [], "sampling_params": {}}, {"token_ids": ["a"] * 30, "sampling_params": {}}],
+    ids=["one-error", "past-ten-errors"],
+)
+def test_validation_message_is_vllms_handlers(body: dict[str, Any]) -> None:
+    """The message and param vLLM's own FastAPI validation handler writes for the same errors."""
+    import json
+
+    from fastapi.exceptions import RequestValidationError
+    from pydantic import ValidationError
+    from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateRequest
+    from vllm.entrypoints.serve.exception_handling.handlers.validation import (
+        validation_exception_handler,
+    )
+
+    with pytest.raises(ValidationError) as caught:
+        GenerateRequest.model_validate(body)
+    errors = [{**e, "loc": ("body", *e["loc"])} for e in caught.value.errors(include_url=False)]
+    request = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(args=SimpleNamespace(
+        log_error_stack=False))), state=SimpleNamespace())  # fmt: skip
+    with vllm_symbol("validation_exception_handler (_format_error, clean_loc_for_param)"):
+        answer = asyncio.run(validation_exception_handler(request, RequestValidationError(errors)))  # type: ignore[arg-type]
+        want = json.loads(bytes(answer.body))["error"]
+        assert vi.validation_message(errors) == (want["message"], want["param"])
