@@ -9,9 +9,10 @@ a 64-byte body, then nothing, back to back (they arrive as a burst). From the
 last one on, keyed ``GET /v1/models`` go back to back for ``--watch-s`` while
 the graph works the burst off; then ``--probes`` of each probe (a keyed
 ``GET /v1/models``, ``GET /health``, a keyed ``POST /tokenize``) one after
-another, each answer's status and time recorded; then the slow connections close. A round with no slow clients comes first, for the idle
-times. Reported per round: the probes' p50 and max, and how many slow clients
-were refused at once (503) rather than held.
+another, each answer's status and time recorded; then the slow connections
+close. A round with no slow clients comes first, for the idle times. Reported
+per round: the burst's first and slowest answers, the probes' p50 and max, and
+how many slow clients were refused at once (503) rather than held.
 """
 
 from __future__ import annotations
