@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 from dataclasses import dataclass
 from http import HTTPStatus
 
@@ -28,7 +29,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
 
 from .errors import CLIENT_CLOSED_REQUEST, to_http, unavailable
+from .serve_internals import replica_grpc_max_message_bytes
 
+logger = logging.getLogger("ray.serve")
 PROTECTED_PREFIXES = ("/v1/", "/inference/")
 
 
@@ -196,6 +199,21 @@ def _refusal(request: Request, settings: GuardSettings) -> Response | None:
     if needs_key and not key_matches(request.headers.get("authorization"), api_key or ""):
         return JSONResponse(UNAUTHORIZED, status_code=HTTPStatus.UNAUTHORIZED)
     return None
+
+
+def crossing_body_cap(max_body_bytes: int) -> int:
+    """``max_body_bytes``, or less where Serve's gRPC data plane could not carry such a
+    body between tiers (its pickled request can outgrow the JSON: half its limit)."""
+    crossing = replica_grpc_max_message_bytes() // 2
+    if crossing < max_body_bytes:
+        logger.warning(
+            "bodies capped at %d bytes, not max_body_bytes=%d: Serve's gRPC data plane "
+            "carries at most %d (RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH)",
+            crossing,
+            max_body_bytes,
+            2 * crossing,
+        )
+    return min(max_body_bytes, crossing)
 
 
 def install_guard(app: FastAPI) -> None:

@@ -8,7 +8,6 @@ turns error values into HTTP responses.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -32,15 +31,13 @@ from vllm.version import __version__ as VLLM_VERSION
 from .config import GraphConfig
 from .engine_metrics import exposition
 from .errors import bad_request, install_exception_handlers, not_found, to_http
-from .guard import GuardSettings, install_guard
+from .guard import GuardSettings, crossing_body_cap, install_guard
 from .http_io import call, parse_body, read_json, respond, validate
 from .json_body import allow_deep_values
 from .protocol import ParseContext, TextJob
-from .serve_internals import replica_grpc_max_message_bytes
 from .shared_call import SharedCall
 from .step_channel import StepChannels
 
-logger = logging.getLogger("ray.serve")
 HEALTH_TIMEOUT_S = 5.0
 # The open /health and /metrics: requests that arrive while one fan-out is in
 # flight share it; none is reused after (a read right after an abort must see it).
@@ -115,21 +112,6 @@ def _with_header_id(request: RequestT, raw: Request) -> RequestT:
     return request
 
 
-def max_body_bytes(config: GraphConfig) -> int:
-    """The body cap: ``max_body_bytes``, or less where Serve's gRPC data plane could not
-    carry such a body between tiers (its pickled request can outgrow the JSON: half)."""
-    crossing = replica_grpc_max_message_bytes() // 2
-    if crossing < config.max_body_bytes:
-        logger.warning(
-            "bodies capped at %d bytes, not max_body_bytes=%d: Serve's gRPC data plane "
-            "carries at most %d (RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH)",
-            crossing,
-            config.max_body_bytes,
-            2 * crossing,
-        )
-    return min(config.max_body_bytes, crossing)
-
-
 # Serve's default for a deployment without num_replicas or autoscaling.
 INGRESS_REPLICAS = 1
 
@@ -156,7 +138,7 @@ class Ingress:
         api_key = config.api_key.get_secret_value() if config.api_key else None
         app.state.guard = GuardSettings(
             api_key=api_key,
-            max_body_bytes=max_body_bytes(config),
+            max_body_bytes=crossing_body_cap(config.max_body_bytes),
             body_timeout_s=config.body_timeout_s,
             max_body_reads_without_key=config.max_body_reads_without_key,
         )
