@@ -19,7 +19,7 @@ import grpc
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, TypeAdapter, ValidationError
-from ray.exceptions import RayError, RayTaskError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayError, RayTaskError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
@@ -39,6 +39,8 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 SERVED_BY_HEADER = "X-Served-By"
 REPLICA_PID_HEADER = "X-Served-By-Pid"
 RETRY_AFTER_S = "1"
+# Calls made again when their replica is lost before their first item (``respond``).
+RETRIES_ON_REPLICA_LOSS = 2
 
 
 async def read_json(raw: Request) -> Any:
@@ -77,12 +79,12 @@ async def parse_body(raw: Request, model: type[ModelT]) -> ModelT | ErrorRespons
 
 
 async def respond(
-    items: Any,
+    start: Callable[[], Any],
     via: DeploymentHandle[Any],
     headers: dict[str, str] | None = None,
-    on_failure: Callable[[], None] | None = None,
+    on_failure: Callable[[Any], None] | None = None,
 ) -> Response:
-    """One streamed handle call, made through ``via``, → HTTP.
+    """One streamed handle call, made through ``via`` by ``start()``, → HTTP.
 
     A call that no replica of ``via`` can take (none is running) is a 503 at
     once rather than a wait in Serve's router (``routable.wait_routed``).
@@ -90,28 +92,41 @@ async def respond(
     comes first (bad input, overload) is a real 4xx/5xx, not a 200 with a
     cut-off body. A unary call yields exactly one item.
 
-    ``on_failure`` runs when a tier fails under the call (not for overload or
-    bad input): a replica that died mid-stream cannot cancel the calls it
+    A call whose replica is lost before its first item (``replica_lost``) has
+    sent the client nothing, so it is made again, ``RETRIES_ON_REPLICA_LOSS``
+    times at most: a node that dies takes a while to be noticed, and requests
+    that Serve sent to its replicas meanwhile would otherwise all fail.
+
+    ``on_failure(call)`` runs when a tier fails under a call (not for overload
+    or bad input): a replica that died mid-stream cannot cancel the calls it
     made, so the caller cleans up what they may have left running.
     """
-    if not await wait_routed(items, via):
-        _cancel(items)
-        return to_http(no_live_replica(via.deployment_name))
-    try:
-        first = await anext(items)
-        if isinstance(first, ServedBy):
-            headers = {**(headers or {}), SERVED_BY_HEADER: first.replica}
-            if first.pid is not None:
-                headers[REPLICA_PID_HEADER] = str(first.pid)
-            first = await anext(items)
-    except BaseException as exc:
-        _cancel(items)
-        if not isinstance(exc, Exception):
-            raise
-        error = failure_error(exc)
-        if on_failure is not None and _tier_failed(exc, error):
-            on_failure()
-        return to_http(error, {"Retry-After": RETRY_AFTER_S})
+    retries = RETRIES_ON_REPLICA_LOSS
+    while True:
+        items = start()
+        if not await wait_routed(items, via):
+            _cancel(items)
+            return to_http(no_live_replica(via.deployment_name))
+        try:
+            first, served_by = await _first_item(items)
+            break
+        except BaseException as exc:
+            _cancel(items)
+            if not isinstance(exc, Exception):
+                raise
+            error = failure_error(exc)
+            if on_failure is not None and _tier_failed(exc, error):
+                on_failure(items)
+            if retries > 0 and replica_lost(exc):
+                retries -= 1
+                logger.warning("%s replica lost before the first item (%r): calling again",
+                               via.deployment_name, exc)  # fmt: skip
+                continue
+            return to_http(error, {"Retry-After": RETRY_AFTER_S})
+    if served_by is not None:
+        headers = {**(headers or {}), SERVED_BY_HEADER: served_by.replica}
+        if served_by.pid is not None:
+            headers[REPLICA_PID_HEADER] = str(served_by.pid)
     if isinstance(first, ErrorResponse):
         return to_http(first, headers)
     if isinstance(first, BaseModel):
@@ -126,7 +141,7 @@ async def respond(
             # The status line is gone; say so in the stream, as vLLM does.
             logger.warning("stream failed after it started: %r", exc)
             if on_failure is not None:
-                on_failure()
+                on_failure(items)
             error = unavailable(f"stream failed: {type(exc).__name__}")
             yield f"data: {error.model_dump_json()}\n\n"
             yield f"data: {DONE}\n\n"
@@ -135,6 +150,20 @@ async def respond(
             _cancel(items)
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+
+async def _first_item(items: Any) -> tuple[Any, ServedBy | None]:
+    """A call's first item, and the ``ServedBy`` marker that came before it, if any."""
+    first = await anext(items)
+    if not isinstance(first, ServedBy):
+        return first, None
+    return await anext(items), first
+
+
+def replica_lost(exc: Exception) -> bool:
+    """The call failed because the replica that took it (or one it called) died or
+    cannot be reached: Serve's router has already taken it out of rotation."""
+    return isinstance(raised_in_tier(exc), (ActorDiedError, ActorUnavailableError))
 
 
 async def call(response: Any, via: DeploymentHandle[Any]) -> Any:

@@ -8,7 +8,6 @@ turns error values into HTTP responses.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -36,7 +35,7 @@ from .http_io import call, parse_body, read_json, respond, validate
 from .json_body import allow_deep_values
 from .protocol import ParseContext, TextJob
 from .shared_call import SharedCall
-from .step_channel import StepChannels
+from .step_channel import BoundCall, StepChannels
 
 HEALTH_TIMEOUT_S = 5.0
 # The open /health and /metrics: requests that arrive while one fan-out is in
@@ -285,7 +284,7 @@ class Ingress:
             if isinstance(request, ErrorResponse):
                 return to_http(request)
             # The Ingress's own call: ending it (client gone, failure) cancels it there.
-            return await respond(self._generate.generate.remote(request), self._generate)
+            return await respond(lambda: self._generate.generate.remote(request), self._generate)
         request = validate({**data, "output_mode": "tokens"}, GenerateRequest)
         if isinstance(request, ErrorResponse):
             return to_http(request)
@@ -296,8 +295,11 @@ class Ingress:
         context = None if context_data is None else validate(context_data, ParseContext)
         if isinstance(context, ErrorResponse):
             return to_http(context)
-        call = self._derender_channels.call("generate_derender_bound", request, context)
-        return await respond(call, self._derender, on_failure=self._end_later(call.key))
+        return await respond(
+            lambda: self._derender_channels.call("generate_derender_bound", request, context),
+            self._derender,
+            on_failure=self._end_later,
+        )
 
     @app.post("/v1/chat/completions/derender")
     async def derender_chat(self, raw: Request) -> Response:
@@ -368,13 +370,16 @@ class Ingress:
     async def _text(self, job: TextJob, placement: str) -> Response:
         headers = {PLACEMENT_HEADER: placement}
         if placement == "inline":
-            return await respond(self._generate.text.remote(job), self._generate, headers)
-        items = self._derender_channels.call("text_bound", job)
-        return await respond(items, self._derender, headers, on_failure=self._end_later(items.key))
+            return await respond(lambda: self._generate.text.remote(job), self._generate, headers)
+        return await respond(
+            lambda: self._derender_channels.call("text_bound", job),
+            self._derender,
+            headers,
+            on_failure=self._end_later,
+        )
 
-    def _end_later(self, key: str) -> Callable[[], None]:
-        """End the Generate call made for the tier call ``key``, in the background,
-        once called.
+    def _end_later(self, tier_call: BoundCall) -> None:
+        """End the Generate call made for ``tier_call``, in the background.
 
         A Derender replica that dies mid-stream cannot cancel its call to
         Generate, and Ray does not cancel an actor call whose caller died:
@@ -382,10 +387,7 @@ class Ingress:
         named by its key, a uuid no client sees, not by the request id: another
         client's request may carry the same one.
         """
-
-        def end() -> None:
-            task = asyncio.create_task(call(self._control.end_calls.remote([key]), self._control))
-            self._cleanups.add(task)
-            task.add_done_callback(self._cleanups.discard)
-
-        return end
+        ending = self._control.end_calls.remote([tier_call.key])
+        task = asyncio.create_task(call(ending, self._control))
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)

@@ -16,6 +16,7 @@ import pytest
 from bench.metrics import running_requests as parse_running_requests
 from tests.integration.conftest import API_KEY, AUTH, MODEL, TOKENS_ONLY_PREFIX
 from tests.integration.test_skeleton import rendered, sse_payloads
+from tests.support.servers import Server
 from tests.support.sse_reader import Stream
 
 # Streams that are still running when the test acts on them, on any host: paced
@@ -26,6 +27,8 @@ LONG_PACE_MS = 20
 # below LONG's 80 s, so a request that was not freed is still running when the
 # wait gives up; far above any stall of a loaded host. A guard, not a deadline.
 HANG_GUARD_S = 30.0
+# What the Ingress logs when it calls a tier again (deployments/http_io.py).
+REPLICA_LOST_LINE = "Derender replica lost before the first item"
 
 
 def running_requests(client: httpx.Client, prefix: str = "") -> dict[str, int]:
@@ -402,6 +405,70 @@ def test_killing_a_derender_replica_mid_stream(client: httpx.Client) -> None:
             served.add(reply.headers["X-Served-By"])
         time.sleep(0.5)
     assert len(served) == 2, served
+
+
+def derender_replica_pids(client: httpx.Client) -> dict[str, int]:
+    """Each Derender replica's PID, from the headers of short tier chats.
+
+    Streamed: the Ingress's step channel to a replica counts as one of its ongoing
+    requests, so unary chats all go to a replica the Ingress has no channel to yet."""
+    pids: dict[str, int] = {}
+    deadline = time.monotonic() + 180
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    while len(pids) < 2 and time.monotonic() < deadline:
+        reply = client.post(
+            "/v1/chat/completions",
+            json={**chat, "stream": True},
+            headers={"X-Text-Placement": "tier"},
+        )
+        if reply.status_code == 200:
+            pids[reply.headers["X-Served-By"]] = int(reply.headers["X-Served-By-Pid"])
+    assert len(pids) == 2, pids
+    return pids
+
+
+def test_a_derender_replica_lost_before_the_first_token_loses_no_stream(
+    graph: Server, client: httpx.Client
+) -> None:
+    """Streams whose Derender replica dies while their first token is being made have
+    sent the client nothing yet: the Ingress calls the other replica, and every stream
+    is served whole, with no error. Before, each got a 503."""
+    pids = derender_replica_pids(client)
+    lost, kept = sorted(pids)
+    log_before = graph.log_path.read_text(errors="replace").count(REPLICA_LOST_LINE)
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        "stream": True,
+        # Each engine step of these requests is held 3 s: no first token for 3 s.
+        "vllm_xargs": {"pace_ms": 3000},
+    }
+    streams = [
+        Stream(str(client.base_url), "/v1/chat/completions", body, {"X-Text-Placement": "tier"})
+        for _ in range(8)
+    ]
+    for stream in streams:
+        stream.start()
+    deadline = time.monotonic() + HANG_GUARD_S
+    while sum(running_requests(client).values()) < len(streams):  # all through Derender
+        assert time.monotonic() < deadline, running_requests(client)
+        time.sleep(0.05)
+    assert not any(stream.events for stream in streams), "a first token came before the kill"
+    os.kill(pids[lost], signal.SIGKILL)
+    for stream in streams:
+        stream.join(60)
+    for stream in streams:
+        assert stream.error is None, stream.error
+        assert not [e for e in stream.events if isinstance(e, dict) and "error" in e]
+        assert stream.events[-1] == "[DONE]" and stream.finish_reasons() == ["length"]
+        assert stream.headers["x-served-by"] == kept
+    if graph.process is not None:  # a graph of the suite's own, whose log it has
+        log_after = graph.log_path.read_text(errors="replace").count(REPLICA_LOST_LINE)
+        assert log_after > log_before, "no stream was on the replica that was killed"
+    wait_idle(client, within_s=HANG_GUARD_S)
+    # Serve brings the killed replica back before the next test.
+    assert len(derender_replica_pids(client)) == 2
 
 
 def test_killing_a_generate_replica_mid_stream(client: httpx.Client) -> None:

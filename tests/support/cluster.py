@@ -15,9 +15,11 @@ and at stop; and it fixes the GCS port at 6379. This cluster takes free ports
 and a temp dir of its own, and stops exactly the processes that use that dir
 and their children.
 
-Token authentication is on for every process (``RAY_AUTH_MODE=token``, the
-token in ``~/.ray/auth_token``): a Ray 2.60 cluster started by ``ray start``
-needs it on every node, and clients need it too (``client_env``).
+Token authentication is on for every process (``RAY_AUTH_MODE=token``): a Ray
+2.60 cluster started by ``ray start`` needs it on every node, and clients need
+it too (``client_env``). The token is this test session's own, passed as
+``RAY_AUTH_TOKEN``: ``ray start`` does not make one, and the user's
+``~/.ray/auth_token`` is neither needed nor touched.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -161,9 +164,17 @@ def _logical_cpus(group: dict[str, Any]) -> float:
     return float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
 
 
+# One token for every cluster this process starts and every client it runs.
+AUTH_TOKEN = secrets.token_hex(32)
+
+
 def client_env() -> dict[str, str]:
     """What a client process (serve CLI, state API) needs to reach the cluster."""
-    return {"RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
+    return {
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": AUTH_TOKEN,
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
 
 
 @dataclass
@@ -421,6 +432,8 @@ def set_client_env() -> None:
     cache is refreshed as Ray's own ``_enable_token_auth`` does; without it every
     state API call fails with ``InvalidAuthToken``."""
     os.environ.update(client_env())
-    from ray._raylet import Config
+    os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+    from ray._raylet import AuthenticationTokenLoader, Config
 
     Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()

@@ -7,11 +7,11 @@ import itertools
 import json
 
 from fastapi.responses import StreamingResponse
-from ray.exceptions import ActorDiedError, RayTaskError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 from ray.serve.exceptions import BackPressureError
 from vllm.exceptions import GenerationError, RetryableRequestError, VLLMValidationError
 
-from deployments.http_io import respond
+from deployments.http_io import RETRIES_ON_REPLICA_LOSS, respond
 from deployments.sse import DONE, sse_data
 
 
@@ -43,8 +43,12 @@ class Tier:
     deployment_name = "Generate"
 
 
-async def body_of(call: Call, failures: list[str]) -> tuple[int, str]:
-    response = await respond(call, Tier(), on_failure=lambda: failures.append("cleanup"))
+async def body_of(call: Call | list[Call], failures: list[str]) -> tuple[int, str]:
+    """The response to ``call``, or to each call of the list in turn as calls are made."""
+    calls = iter(call if isinstance(call, list) else [call])
+    response = await respond(
+        lambda: next(calls), Tier(), on_failure=lambda _: failures.append("cleanup")
+    )
     if not isinstance(response, StreamingResponse):
         return response.status_code, bytes(response.body).decode()
     chunks = [c if isinstance(c, str) else bytes(c).decode() async for c in response.body_iterator]
@@ -79,11 +83,38 @@ def test_overload_before_the_first_item_is_a_503_without_cleanup() -> None:
     assert failures == []
 
 
-def test_a_tier_dying_before_the_first_item_is_a_503_with_cleanup() -> None:
+def test_a_replica_lost_before_the_first_item_is_called_again() -> None:
+    """Nothing reached the client, so the call is made again: the client reads the
+    second call's stream; the lost one is cleaned up and cancelled."""
+    for lost in (ActorDiedError(), ActorUnavailableError("unavailable", None)):
+        failures: list[str] = []
+        calls = [Call([], lost), Call([sse_data({"i": 1}), sse_data(DONE)])]
+        status, body = asyncio.run(body_of(calls, failures))
+        assert status == 200 and body.startswith(sse_data({"i": 1})), body
+        assert failures == ["cleanup"]
+        assert calls[0].cancelled
+
+
+def test_a_replica_lost_before_the_first_item_every_time_is_a_503_with_cleanup() -> None:
     failures: list[str] = []
-    status, _ = asyncio.run(body_of(Call([], ActorDiedError()), failures))
+    calls = [Call([], ActorDiedError()) for _ in range(RETRIES_ON_REPLICA_LOSS + 2)]
+    status, _ = asyncio.run(body_of(calls, failures))
     assert status == 503
-    assert failures == ["cleanup"]
+    assert failures == ["cleanup"] * (RETRIES_ON_REPLICA_LOSS + 1)
+    assert [c.cancelled for c in calls] == [True] * (RETRIES_ON_REPLICA_LOSS + 1) + [False]
+
+
+def test_a_failure_that_is_not_a_lost_replica_is_not_called_again() -> None:
+    """Overload, bad input and a request its engine ended each answer at once."""
+    for error in (
+        BackPressureError(num_queued_requests=2, max_queued_requests=1),
+        VLLMValidationError("bad", parameter="n"),
+        GenerationError(),
+    ):
+        calls = [Call([], error), Call([sse_data({"i": 1})])]
+        status, _ = asyncio.run(body_of(calls, []))
+        assert status in (400, 500, 503), (error, status)
+        assert not calls[1].cancelled and next(calls[1]._items, None) is not None, error
 
 
 def test_a_request_its_engine_ended_is_vllms_own_answer_without_cleanup() -> None:
