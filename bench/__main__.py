@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from deployments.topologies import app_config
+from deployments.config.topologies import app_config
 
 from .arrivals import parse_ramp
 from .clients import CLIENTS

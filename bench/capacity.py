@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from deployments.topologies import app_config
+from deployments.config.topologies import app_config
 from tests.support.servers import running_vllm_as_graph
 
 from .__main__ import DEFAULT_MODEL

@@ -36,10 +36,10 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
     GenerateTokensStreamResponse,
 )
 
-from deployments.config import TINY_MODEL, GraphConfig
+from deployments.config.graph_config import TINY_MODEL, GraphConfig
 from deployments.render import build_render_state
-from deployments.stream_derenderer import ChatStreamDerenderer
-from deployments.vllm_internals import (
+from deployments.text.stream_derenderer import ChatStreamDerenderer
+from deployments.vllm_adapter.internals import (
     chat_template_kwargs,
     derender_chat_stream_parsed,
     detokenize_delta,

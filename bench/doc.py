@@ -19,7 +19,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from deployments.topologies import app_config
+from deployments.config.topologies import app_config
 
 from .report import cpu_per_1k_table, load, load_table, markdown_table
 from .topology import CONFIGS

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-# One line per Generate replica (deployments/engine_metrics.py): the requests
+# One line per Generate replica (deployments/vllm_adapter/engine_metrics.py): the requests
 # its engine holds now, running or queued.
 UNFINISHED = re.compile(
     r'^scaleout_engine_unfinished_requests\{replica="(?P<replica>[^"]*)"\} (?P<value>\S+)$'

@@ -42,8 +42,8 @@ from typing import Any
 
 import httpx
 
-from deployments.config import nest_dotted
-from deployments.topologies import app_config
+from deployments.config.graph_config import nest_dotted
+from deployments.config.topologies import app_config
 from tests.support.servers import running_graph
 
 from . import prefill_model

@@ -18,12 +18,12 @@ streams at once, one run per cell, and reports per token delivered:
 read from the host's process table before and after; and the time from the
 Source writing a stream's first event to the Sink receiving it (two hops).
 ``window``: ``none`` sends one handle item per event; ``W`` joins events per
-``deployments.coalesce.coalesce_events`` with a W ms window, in Source and Tier;
-``channel`` sends both hops on step channels (``deployments.step_channel``:
+``deployments.transport.coalesce.coalesce_events`` with a W ms window, in Source and Tier;
+``channel`` sends both hops on step channels (``deployments.transport.step_channel``:
 one item per step for all the streams between two replicas) with the graph's
 default 10 ms window, as the graph runs tier text.
 
-The graph's Serve switches (``deployments.ray_env``) are on unless ``--serve-defaults``.
+The graph's Serve switches (``deployments.config.serve_env``) are on unless ``--serve-defaults``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
-from deployments.ray_env import SERVE_ENV
+from deployments.config.serve_env import SERVE_ENV
 
 TOKEN_EVENT = (
     'data: {"request_id":"generate-tokens-chatcmpl-00000000-0000-0000-0000-000000000000",'
@@ -81,9 +81,9 @@ def build() -> Any:
     from ray import serve
     from ray.serve.handle import DeploymentHandle
 
-    from deployments.coalesce import coalesced
-    from deployments.pinned_router import PINNED_ROUTING
-    from deployments.step_channel import ChannelSource, Outboxes, StepChannels
+    from deployments.routing.pinned_router import PINNED_ROUTING
+    from deployments.transport.coalesce import coalesced
+    from deployments.transport.step_channel import ChannelSource, Outboxes, StepChannels
 
     def replica_id() -> str:
         return str(serve.get_replica_context().replica_id.unique_id)
@@ -114,7 +114,7 @@ def build() -> Any:
             async for item in source:
                 yield item
 
-        async def stream_bound(
+        async def stream_on_channel(
             self, tokens: int, pace_s: float, caller: str, key: str
         ) -> AsyncIterator[Any]:
             async for item in self._outboxes.bind(self._events(tokens, pace_s), caller, key):
@@ -141,11 +141,11 @@ def build() -> Any:
             async for item in source:
                 yield item
 
-        async def relay_bound(
+        async def relay_on_channel(
             self, tokens: int, pace_s: float, caller: str, key: str
         ) -> AsyncIterator[Any]:
-            """As Derender's ``text_bound``: in and onward on step channels."""
-            call = self._channels.call("stream_bound", tokens, pace_s)
+            """As Derender's ``text_on_channel``: in and onward on step channels."""
+            call = self._channels.call("stream_on_channel", tokens, pace_s)
             try:
                 async for item in self._outboxes.bind(call, caller, key):
                     yield item
@@ -170,7 +170,7 @@ def build() -> Any:
                 items = received = 0
                 first_s = -1.0
                 call: Any = (
-                    self._channels.call("relay_bound", tokens, pace_s)
+                    self._channels.call("relay_on_channel", tokens, pace_s)
                     if channel
                     else self._tier.relay.remote(tokens, pace_s, window_s)
                 )

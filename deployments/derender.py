@@ -35,12 +35,10 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
 )
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
-from .config import GraphConfig
-from .control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
-from .control_protocol import ControlCommand
-from .errors import no_live_replica
-from .pinned_router import PINNED_ROUTING
-from .protocol import (
+from deployments.config.graph_config import GraphConfig
+from deployments.edge.errors import no_live_replica
+from deployments.messages.control import ControlCommand
+from deployments.messages.tier import (
     DerenderChoice,
     DerenderStreamChoice,
     GenerateDerenderResponse,
@@ -49,12 +47,14 @@ from .protocol import (
     TextJob,
     served_by,
 )
-from .render import build_render_state
-from .routable import wait_routed
-from .sse import sse_event
-from .step_channel import ChannelSource, Outboxes, StepChannels
-from .text_output import ChunkEvent, TextOutput, openai_event, tokens_request
-from .vllm_internals import client_request_id
+from deployments.render import build_render_state
+from deployments.routing.pinned_router import PINNED_ROUTING
+from deployments.text.output import ChunkEvent, TextOutput, openai_event, tokens_request
+from deployments.text.sse import sse_event
+from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
+from deployments.transport.replica_assignment import wait_routed
+from deployments.transport.step_channel import ChannelSource, Outboxes, StepChannels
+from deployments.vllm_adapter.internals import client_request_id
 
 DERENDER_AUTOSCALING: dict[str, Any] = {
     "min_replicas": 1,
@@ -100,7 +100,7 @@ class Derender(ChannelSource):
         replica's step channel to the Generate replica that took it. The call
         is cancelled if we stop early; it carries the caller's ``key``, by which
         the caller ends it should this replica die."""
-        call = self._generate_channels.call("generate_bound", request, key=key)
+        call = self._generate_channels.call("generate_on_channel", request, key=key)
         try:
             if not await wait_routed(call, self._generate):
                 yield no_live_replica("Generate")
@@ -110,7 +110,7 @@ class Derender(ChannelSource):
         finally:
             call.cancel()
 
-    async def text_bound(self, job: TextJob, caller: str, key: str) -> AsyncIterator[Any]:
+    async def text_on_channel(self, job: TextJob, caller: str, key: str) -> AsyncIterator[Any]:
         """Tier placement: OpenAI chat/completion output for a rendered request,
         a stream's events on the caller's step channel."""
         items = self._text_items(job, openai_event, key)
@@ -161,7 +161,7 @@ class Derender(ChannelSource):
         if channels is not None:
             channels.stop()
 
-    async def generate_derender_bound(
+    async def generate_derender_on_channel(
         self, request: GenerateRequest, context: ParseContext | None, caller: str, key: str
     ) -> AsyncIterator[Any]:
         """``output_mode: "derender"``: the parsed assistant message, unary or

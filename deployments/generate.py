@@ -30,27 +30,32 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
 )
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
-from .coalesce import coalesced
-from .config import GraphConfig
-from .control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
-from .control_protocol import ControlCommand, EngineState
-from .engine_calls import EngineCall, record_streams
-from .engine_metrics import local_vllm_metrics
-from .json_body import allow_deep_values
-from .kv_blocks import engine_keying, kv_events_config
-from .kv_index import ROUTING_STATS_KEY, EngineBlocks, EventSubscriber, events_endpoint
-from .pinned_router import PINNED_ROUTING
-from .protocol import TextJob, served_by
-from .serve_logging import serve_log_kept
-from .step_channel import ChannelSource, Outboxes
-from .text_output import TextOutput, tokens_request
-from .vllm_args import serve_namespace
-from .vllm_internals import (
+from deployments.config.graph_config import GraphConfig
+from deployments.edge.json_body import allow_deep_values
+from deployments.messages.control import ControlCommand, EngineState
+from deployments.messages.tier import TextJob, served_by
+from deployments.routing.block_keys import engine_keying, kv_events_config
+from deployments.routing.engine_blocks import (
+    ROUTING_STATS_KEY,
+    EngineBlocks,
+    EventSubscriber,
+    events_endpoint,
+)
+from deployments.routing.pinned_router import PINNED_ROUTING
+from deployments.text.output import TextOutput, tokens_request
+from deployments.transport.coalesce import coalesced
+from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
+from deployments.transport.step_channel import ChannelSource, Outboxes
+from deployments.vllm_adapter.engine_args import serve_namespace
+from deployments.vllm_adapter.engine_metrics import local_vllm_metrics
+from deployments.vllm_adapter.engine_streams import EngineCall, record_streams
+from deployments.vllm_adapter.internals import (
     ENGINE_APP_STATE_NAMES,
     checked_app_state,
     engine_request_id,
     live_request_ids,
 )
+from deployments.vllm_adapter.serve_logging import serve_log_kept
 
 # Takes the namespace `vllm serve` would parse (vllm_args.serve_namespace).
 EngineFactory = Callable[[argparse.Namespace], Awaitable[Any]]
@@ -186,7 +191,7 @@ class Generate(ChannelSource):
         async for item in self._generate_items(request, self._coalesce_s):
             yield item
 
-    async def generate_bound(
+    async def generate_on_channel(
         self, request: GenerateRequest, caller: str, key: str
     ) -> AsyncIterator[Any]:
         """``generate`` with the stream's events on the caller's step channel."""

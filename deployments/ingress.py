@@ -23,19 +23,19 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
     DerenderCompletionRequestUnion,
     GenerateRequest,
 )
-from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 from vllm.entrypoints.serve.tokenize.protocol import DetokenizeRequest, TokenizeRequest
 from vllm.version import __version__ as VLLM_VERSION
 
-from .config import GraphConfig
-from .engine_metrics import exposition
-from .errors import bad_request, install_exception_handlers, not_found, to_http
-from .guard import GuardSettings, crossing_body_cap, install_guard
-from .http_io import call, parse_body, read_json, respond, validate
-from .json_body import allow_deep_values
-from .protocol import ParseContext, TextJob
-from .shared_call import SharedCall
-from .step_channel import BoundCall, StepChannels
+from deployments.config.graph_config import GraphConfig
+from deployments.edge.bodies import parse_body, read_json, validate
+from deployments.edge.errors import Refusal, bad_request, install_exception_handlers, not_found
+from deployments.edge.guard import GuardSettings, crossing_body_cap, install_guard
+from deployments.edge.json_body import allow_deep_values
+from deployments.edge.shared_call import SharedCall
+from deployments.edge.tier_calls import call, respond
+from deployments.messages.tier import ParseContext, TextJob
+from deployments.transport.step_channel import ChannelStream, StepChannels
+from deployments.vllm_adapter.engine_metrics import exposition
 
 HEALTH_TIMEOUT_S = 5.0
 # The open /health and /metrics: requests that arrive while one fan-out is in
@@ -72,19 +72,11 @@ def rendered_json(rendered: GenerateRequest) -> dict[str, Any]:
     return data
 
 
-def _json(result: BaseModel | ErrorResponse) -> Response:
-    """A unary tier's answer: the model as JSON, or the error value as HTTP."""
-    return (
-        to_http(result) if isinstance(result, ErrorResponse) else JSONResponse(result.model_dump())
-    )
-
-
 async def _unary(raw: Request, schema: Any, method: DeploymentHandle) -> Response:
-    """Body validated as ``schema`` (a model or TypeAdapter) → one tier call → HTTP."""
+    """Body validated as ``schema`` (a model or TypeAdapter) → one tier call → JSON."""
     request = validate(await read_json(raw), schema)
-    if isinstance(request, ErrorResponse):
-        return to_http(request)
-    return _json(await call(method.remote(request), method))
+    answer: BaseModel = await call(method.remote(request), method)
+    return JSONResponse(answer.model_dump())
 
 
 ONE_PROMPT = "one prompt per /v1/completions request is supported"
@@ -131,7 +123,7 @@ class Ingress:
         render: DeploymentHandle,
         generate: DeploymentHandle,
         derender: DeploymentHandle,
-        abort_fanout: DeploymentHandle,
+        control_plane: DeploymentHandle,
     ) -> None:
         allow_deep_values()  # bodies nested as deep as vLLM takes must cross tiers
         api_key = config.api_key.get_secret_value() if config.api_key else None
@@ -142,7 +134,7 @@ class Ingress:
             max_body_reads_without_key=config.max_body_reads_without_key,
         )
         self._config = config
-        self._control = abort_fanout
+        self._control = control_plane
         self._render = render
         self._generate = generate.options(stream=True)
         self._derender_unary = derender
@@ -189,8 +181,6 @@ class Ingress:
 
     async def _read_metrics(self) -> Response:
         states = await call(self._control.engine_states.remote(), self._control)
-        if isinstance(states, ErrorResponse):
-            return to_http(states)
         return PlainTextResponse(exposition(states), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/inference/v1/abort_requests")
@@ -202,40 +192,33 @@ class Ingress:
     async def legacy_abort_requests(self, raw: Request) -> Response:
         """vLLM's unauthenticated abort path: only on a tokens-only graph, as in vLLM."""
         if not self._config.tokens_only:
-            return to_http(not_found("Not Found"))
+            raise Refusal(not_found("Not Found"))
         return await self._abort(raw)
 
     async def _abort(self, raw: Request) -> Response:
         body = await read_json(raw)
-        if isinstance(body, ErrorResponse):
-            return to_http(body)
         ids = body.get("request_ids") if isinstance(body, dict) else None
         if ids is None:
-            return to_http(bad_request("Missing 'request_ids' in request body"))
+            raise Refusal(bad_request("Missing 'request_ids' in request body"))
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-            return to_http(bad_request("'request_ids' must be a list of strings"))
-        result = await call(self._control.abort.remote(ids), self._control)
-        if isinstance(result, ErrorResponse):
-            return to_http(result)
+            raise Refusal(bad_request("'request_ids' must be a list of strings"))
+        await call(self._control.abort.remote(ids), self._control)
         # An empty 200, as vLLM: whether an id was live is no client's business
-        # (AbortFanout logs the counts for the operator).
+        # (ControlPlane logs the counts for the operator).
         return Response(status_code=200)
 
     @app.get("/v1/models")
     async def models(self) -> Response:
-        return _json(await call(self._render.models.remote(), self._render))
+        models: BaseModel = await call(self._render.models.remote(), self._render)
+        return JSONResponse(models.model_dump())
 
     @app.post("/v1/chat/completions/render")
     async def render_chat(self, raw: Request) -> Response:
         """vLLM's render output, plus ``parse_context`` for ``output_mode: derender``."""
         request = await parse_body(raw, ChatCompletionRequest)
-        if isinstance(request, ErrorResponse):
-            return to_http(request)
         rendered = await call(
             self._render.render_chat.remote(_with_header_id(request, raw)), self._render
         )
-        if isinstance(rendered, ErrorResponse):
-            return to_http(rendered)
         return JSONResponse(
             {**rendered_json(rendered), "parse_context": ParseContext.of(request).model_dump()}
         )
@@ -243,13 +226,9 @@ class Ingress:
     @app.post("/v1/completions/render")
     async def render_completion(self, raw: Request) -> Response:
         request = await parse_body(raw, CompletionRequest)
-        if isinstance(request, ErrorResponse):
-            return to_http(request)
         rendered = await call(
             self._render.render_completion.remote(_with_header_id(request, raw)), self._render
         )
-        if isinstance(rendered, ErrorResponse):
-            return to_http(rendered)
         return JSONResponse([rendered_json(item) for item in rendered])
 
     @app.post("/tokenize")
@@ -266,13 +245,11 @@ class Ingress:
     async def generate(self, raw: Request) -> Response:
         """``tokens`` and ``text`` go to Generate; ``derender`` to the Derender tier."""
         data = await read_json(raw)
-        if isinstance(data, ErrorResponse):
-            return to_http(data)
         if not isinstance(data, dict):
-            return to_http(bad_request("request body must be a JSON object"))
+            raise Refusal(bad_request("request body must be a JSON object"))
         context_data = data.pop("parse_context", None)
         if self._config.tokens_only and data.get("output_mode") in ("text", "derender"):
-            return to_http(
+            raise Refusal(
                 bad_request(
                     f"output_mode={data['output_mode']!r} needs a tokenizer on the generate "
                     "server, but this graph runs tokens_only; use output_mode='tokens'",
@@ -281,22 +258,14 @@ class Ingress:
             )
         if data.get("output_mode") != "derender":
             request = validate(data, GenerateRequest)
-            if isinstance(request, ErrorResponse):
-                return to_http(request)
             # The Ingress's own call: ending it (client gone, failure) cancels it there.
             return await respond(lambda: self._generate.generate.remote(request), self._generate)
         request = validate({**data, "output_mode": "tokens"}, GenerateRequest)
-        if isinstance(request, ErrorResponse):
-            return to_http(request)
         if not request.sampling_params.detokenize:
-            return to_http(
-                bad_request("output_mode='derender' requires sampling_params.detokenize")
-            )
+            raise Refusal(bad_request("output_mode='derender' requires sampling_params.detokenize"))
         context = None if context_data is None else validate(context_data, ParseContext)
-        if isinstance(context, ErrorResponse):
-            return to_http(context)
         return await respond(
-            lambda: self._derender_channels.call("generate_derender_bound", request, context),
+            lambda: self._derender_channels.call("generate_derender_on_channel", request, context),
             self._derender,
             on_failure=self._end_later,
         )
@@ -312,16 +281,10 @@ class Ingress:
     @app.post("/v1/chat/completions")
     async def chat_completions(self, raw: Request) -> Response:
         request = await parse_body(raw, ChatCompletionRequest)
-        if isinstance(request, ErrorResponse):
-            return to_http(request)
         placement = self._placement(raw)
-        if isinstance(placement, ErrorResponse):
-            return to_http(placement)
         rendered = await call(
             self._render.render_chat.remote(_with_header_id(request, raw)), self._render
         )
-        if isinstance(rendered, ErrorResponse):
-            return to_http(rendered)
         job = TextJob(
             generate_request=rendered,
             chat_request=request,
@@ -332,20 +295,14 @@ class Ingress:
     @app.post("/v1/completions")
     async def completions(self, raw: Request) -> Response:
         request = await parse_body(raw, CompletionRequest)
-        if isinstance(request, ErrorResponse):
-            return to_http(request)
         placement = self._placement(raw)
-        if isinstance(placement, ErrorResponse):
-            return to_http(placement)
         if _prompt_count(request) > 1:  # refused before Render spends anything on it
-            return to_http(bad_request(ONE_PROMPT, param="prompt"))
+            raise Refusal(bad_request(ONE_PROMPT, param="prompt"))
         rendered = await call(
             self._render.render_completion.remote(_with_header_id(request, raw)), self._render
         )
-        if isinstance(rendered, ErrorResponse):
-            return to_http(rendered)
         if len(rendered) != 1:
-            return to_http(bad_request(ONE_PROMPT, param="prompt"))
+            raise Refusal(bad_request(ONE_PROMPT, param="prompt"))
         job = TextJob(
             generate_request=rendered[0],
             completion_request=request,
@@ -353,17 +310,21 @@ class Ingress:
         )
         return await self._text(job, placement)
 
-    def _placement(self, raw: Request) -> str | ErrorResponse:
+    def _placement(self, raw: Request) -> str:
         placement = raw.headers.get(PLACEMENT_HEADER, self._config.text_placement).lower()
         if placement not in ("inline", "tier"):
-            return bad_request(
-                f"{PLACEMENT_HEADER} must be 'inline' or 'tier', got {placement!r}",
-                param=PLACEMENT_HEADER,
+            raise Refusal(
+                bad_request(
+                    f"{PLACEMENT_HEADER} must be 'inline' or 'tier', got {placement!r}",
+                    param=PLACEMENT_HEADER,
+                )
             )
         if placement == "inline" and self._config.tokens_only:
-            return bad_request(
-                "inline text needs a tokenizer on Generate, but this graph runs tokens_only",
-                param=PLACEMENT_HEADER,
+            raise Refusal(
+                bad_request(
+                    "inline text needs a tokenizer on Generate, but this graph runs tokens_only",
+                    param=PLACEMENT_HEADER,
+                )
             )
         return placement
 
@@ -372,13 +333,13 @@ class Ingress:
         if placement == "inline":
             return await respond(lambda: self._generate.text.remote(job), self._generate, headers)
         return await respond(
-            lambda: self._derender_channels.call("text_bound", job),
+            lambda: self._derender_channels.call("text_on_channel", job),
             self._derender,
             headers,
             on_failure=self._end_later,
         )
 
-    def _end_later(self, tier_call: BoundCall) -> None:
+    def _end_later(self, tier_call: ChannelStream) -> None:
         """End the Generate call made for ``tier_call``, in the background.
 
         A Derender replica that dies mid-stream cannot cancel its call to

@@ -23,10 +23,10 @@ from vllm.entrypoints.serve.tokenize.protocol import (
     TokenizeResponse,
 )
 
-from .config import GraphConfig
-from .json_body import allow_deep_values
-from .vllm_args import serve_namespace
-from .vllm_internals import APP_STATE_NAMES, checked_app_state
+from deployments.config.graph_config import GraphConfig
+from deployments.edge.json_body import allow_deep_values
+from deployments.vllm_adapter.engine_args import serve_namespace
+from deployments.vllm_adapter.internals import APP_STATE_NAMES, checked_app_state
 
 
 async def build_render_state(config: GraphConfig) -> State:

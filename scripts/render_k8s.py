@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
-from deployments.ray_env import SERVE_ENV
-from deployments.topologies import TOPOLOGIES, app_config, gpu_topology_app, serve_config
+from deployments.config.serve_env import SERVE_ENV
+from deployments.config.topologies import TOPOLOGIES, app_config, gpu_topology_app, serve_config
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"

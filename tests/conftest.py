@@ -1,5 +1,6 @@
-"""Marks each test by its folder: unit, integration, e2e or cluster; keeps streams' files in
-the session's temporary directory."""
+"""Marks each test by the suite it lies in (its first folder under ``tests/``): unit,
+integration, e2e or cluster, however deep it sits there; keeps streams' files in the
+session's temporary directory."""
 
 from __future__ import annotations
 
@@ -11,14 +12,22 @@ import pytest
 import tests.support.servers  # noqa: F401
 from tests.support import sse_reader
 
-_FOLDER_MARKS = {"unit", "integration", "e2e", "cluster"}
+TESTS = Path(__file__).resolve().parent
+SUITES = ("unit", "integration", "e2e", "cluster")
+
+
+def suite_of(path: Path) -> str | None:
+    """The suite a test file belongs to, by its path under ``tests/``."""
+    parts = path.resolve().relative_to(TESTS).parts
+    return parts[0] if len(parts) > 1 and parts[0] in SUITES else None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        folder = Path(str(item.fspath)).parent.name
-        if folder in _FOLDER_MARKS:
-            item.add_marker(getattr(pytest.mark, folder))
+        suite = suite_of(Path(str(item.fspath)))
+        if suite is None:
+            raise pytest.UsageError(f"{item.nodeid} lies in no suite folder: {SUITES}")
+        item.add_marker(getattr(pytest.mark, suite))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import yaml
 
-from deployments.ray_env import SERVE_ENV
+from deployments.config.serve_env import SERVE_ENV
 from tests.integration.test_parity_vllm import (
     LOGPROB_TOLERANCE,
     split_logprob_values,

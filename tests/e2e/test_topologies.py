@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from bench.topology import CONFIGS, Overrides, running_topology
-from deployments.topologies import serve_config
+from deployments.config.topologies import serve_config
 from tests.support.servers import TINY_MODEL
 
 MODEL = str(TINY_MODEL)

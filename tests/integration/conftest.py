@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from bench.metrics import running_requests
-from deployments.kv_blocks import kv_events_config
+from deployments.routing.block_keys import kv_events_config
 from tests.support.servers import (
     TINY_MODEL,
     Server,

@@ -27,7 +27,7 @@ LONG_PACE_MS = 20
 # below LONG's 80 s, so a request that was not freed is still running when the
 # wait gives up; far above any stall of a loaded host. A guard, not a deadline.
 HANG_GUARD_S = 30.0
-# What the Ingress logs when it calls a tier again (deployments/http_io.py).
+# What the Ingress logs when it calls a tier again (deployments/edge/tier_calls.py).
 REPLICA_LOST_LINE = "Derender replica lost before the first item"
 
 
@@ -108,7 +108,7 @@ def test_disconnect_frees_the_engine(client: httpx.Client, kind: str) -> None:
 def protected_routes() -> list[tuple[str, str]]:
     from fastapi.routing import APIRoute
 
-    from deployments.guard import is_protected
+    from deployments.edge.guard import is_protected
     from deployments.ingress import app
 
     routes = [
@@ -132,7 +132,7 @@ def test_every_protected_route_needs_the_key(client: httpx.Client) -> None:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
             response = client.request(method, url, json={}, headers=headers)
             assert response.status_code == 401, (method, path, headers, response.text)
-            # vLLM's AuthenticationMiddleware body (tests/unit/test_guard.py runs it).
+            # vLLM's AuthenticationMiddleware body (tests/unit/edge/test_guard.py runs it).
             assert response.json() == {"error": "Unauthorized"}
         with_key = client.request(method, url, json={}, headers=AUTH)
         assert with_key.status_code != 401, (method, path)
@@ -222,7 +222,7 @@ def test_abort_metrics_and_health_reach_a_full_generate_replica(client: httpx.Cl
     The tokens-only Generate takes one request at a time; one paced stream fills
     it. Serve would make a call into the replica wait for that stream to end (an
     abort of it would have nothing left to abort), so the control plane reaches
-    replicas down their own subscriptions (``deployments/control_channel.py``).
+    replicas down their own subscriptions (``deployments/transport/control_channel.py``).
     """
     body = rendered(client, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
     body.pop("parse_context")

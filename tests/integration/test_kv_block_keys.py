@@ -17,7 +17,7 @@ import httpx
 import pytest
 import zmq
 
-from deployments.kv_blocks import BlockKeying, decode_events
+from deployments.routing.block_keys import BlockKeying, decode_events
 from tests.integration.conftest import MODEL
 from tests.support.servers import Server
 

@@ -174,7 +174,7 @@ def test_parity_with_vllm(vllm_server: Server, client: httpx.Client, shape: str)
     ).strip()
     want_values = split_logprob_values(want_unary), split_logprob_values(want_stream)
     # vLLM's streamed reasoning count is its parser's running count, which follows
-    # how the engine happened to chunk the tokens (tests/unit/test_stream_derenderer.py
+    # how the engine happened to chunk the tokens (tests/unit/text/test_stream_derenderer.py
     # shows it); a stream here counts the whole output, as vLLM counts a unary one.
     want_stream = with_reasoning_tokens_of(want_stream, want_unary)
     for placement in ("inline", "tier"):
@@ -513,7 +513,7 @@ def test_generate_tokens_parity_with_vllm(
 def test_engine_request_id_prefix_is_vllms(vllm_server: Server, client: httpx.Client) -> None:
     """vLLM's generate route names the engine request ``ENGINE_REQUEST_PREFIX + id``
     and answers with it; aborts by that id only match if the prefix is vLLM's."""
-    from deployments.vllm_internals import engine_request_id
+    from deployments.vllm_adapter.internals import engine_request_id
 
     rendered = client.post("/v1/chat/completions/render", json={**SHAPES["chat"], "max_tokens": 2})
     request = {**rendered.json(), "request_id": "probe-id"}

@@ -173,7 +173,7 @@ def test_unary_request_aborted_before_its_first_token_answers_200_abort(
 
 def test_a_request_id_header_that_is_not_utf8_is_served(client: httpx.Client) -> None:
     """vLLM takes any header bytes; Serve's proxy answered 500 for these until the proxy
-    edge (``deployments/proxy_edge.py``) passed them on as UTF-8."""
+    edge (``deployments/edge/proxy_middleware.py``) passed them on as UTF-8."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     response = client.post("/v1/chat/completions", json=body, headers={"X-Request-Id": b"id-\xff"})
     assert response.status_code == 200, response.text

@@ -2,7 +2,7 @@
 
 vLLM 0.32's CPU engine dies on a seeded request whose prompt is prefilled in
 chunks ("CPU Generator does not use offset"); the graph's engines run
-``deployments/cpu_worker.py``, which rewinds the generator for real. The CPU
+``deployments/vllm_adapter/cpu_worker.py``, which rewinds the generator for real. The CPU
 engine's step budget is 2,048 tokens, so a ~3,000-token prompt takes two steps.
 """
 

@@ -41,7 +41,7 @@ import httpx
 import psutil
 import yaml
 
-from deployments.ray_env import SERVE_ENV
+from deployments.config.serve_env import SERVE_ENV
 from tests.support.servers import PRISTINE_ENV, REPO, VENV_BIN, free_port
 
 # The fake provider's ids (ray.autoscaler._private.fake_multi_node.node_provider).

@@ -22,7 +22,7 @@ import httpx
 import psutil
 import yaml
 
-from deployments.ray_env import SERVE_ENV
+from deployments.config.serve_env import SERVE_ENV
 
 # The environment before any test module imports vLLM: importing it rewrites
 # os.environ (LD_PRELOAD, VLLM_*, thread settings), and servers started from a
@@ -221,7 +221,7 @@ def running_graph(
 ) -> Iterator[Server]:
     """``serve run`` a config of our graph on a free port; /health of every app up.
 
-    The graph runs with the product's Serve switches (``deployments.ray_env``);
+    The graph runs with the product's Serve switches (``deployments.config.serve_env``);
     ``env`` adds or overrides variables of every Ray process (``serve run`` starts Ray)."""
     port = free_port()
     config_path = tmp_dir / "serve.yaml"

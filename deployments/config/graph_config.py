@@ -1,0 +1,284 @@
+"""The graph's configuration: one typed model, validated when the app is built.
+
+``serve run graph:build_app key=value …`` hands every value over as a string
+and nested keys as ``section.key=value``; Serve config files hand over YAML
+mappings. Both land here, where an unknown key or a wrong type is an error
+that names the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TINY_MODEL = REPO_ROOT / "models" / "tiny-chat"
+
+TextPlacement = Literal["inline", "tier"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AutoscalingOptions(_Strict):
+    """Ray Serve ``autoscaling_config`` for one deployment."""
+
+    min_replicas: int = Field(1, ge=0, description="Replicas kept when idle.")
+    max_replicas: int = Field(1, ge=1, description="Upper bound on replicas.")
+    target_ongoing_requests: float = Field(
+        2.0, gt=0, description="Ongoing requests (streams) per replica to aim for."
+    )
+    upscale_delay_s: float = Field(2.0, ge=0, description="Sustained load before scaling out.")
+    downscale_delay_s: float = Field(
+        10.0, ge=0, description="Sustained idleness before scaling in."
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingOptions:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) exceeds max_replicas ({self.max_replicas})"
+            )
+        return self
+
+    def to_serve(self) -> dict[str, Any]:
+        return {
+            "min_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas,
+            "target_ongoing_requests": self.target_ongoing_requests,
+            "upscale_delay_s": self.upscale_delay_s,
+            "downscale_delay_s": self.downscale_delay_s,
+        }
+
+
+class DeploymentOptions(_Strict):
+    """Replicas and resources of one deployment.
+
+    ``num_replicas`` and ``autoscaling`` are exclusive; neither means the
+    deployment class's own default.
+    """
+
+    num_replicas: int | None = Field(None, ge=1, description="Fixed replica count.")
+    autoscaling: AutoscalingOptions | None = Field(None, description="Autoscale instead.")
+    num_cpus: float | None = Field(None, ge=0, description="Logical CPUs per replica.")
+    resources: dict[str, float] | None = Field(
+        None,
+        description="Custom Ray resources per replica, e.g. {engine: 1} to place Generate only "
+        "on nodes that offer it (a KubeRay worker group's `resources`).",
+    )
+    max_ongoing_requests: int | None = Field(
+        None, ge=1, description="Requests a replica runs at once before Serve queues."
+    )
+    max_queued_requests: int | None = Field(
+        None, ge=-1, description="Requests Serve queues per handle before 503 (-1: no limit)."
+    )
+
+    @model_validator(mode="after")
+    def _exclusive(self) -> DeploymentOptions:
+        if self.num_replicas is not None and self.autoscaling is not None:
+            raise ValueError("set num_replicas or autoscaling, not both")
+        for name, amount in (self.resources or {}).items():
+            if name in ("CPU", "GPU", "memory") or amount < 0:
+                raise ValueError(
+                    f"resources.{name}: custom resources only, none negative "
+                    "(num_cpus and num_gpus set CPUs and GPUs)"
+                )
+        return self
+
+    def to_serve(self) -> dict[str, Any]:
+        """Keyword arguments for ``Deployment.options``; only what was set."""
+        opts: dict[str, Any] = {}
+        if self.num_replicas is not None:
+            # A fixed count replaces the class's own autoscaling default.
+            opts["num_replicas"] = self.num_replicas
+            opts["autoscaling_config"] = None
+        if self.autoscaling is not None:
+            opts["autoscaling_config"] = self.autoscaling.to_serve()
+        if self.max_ongoing_requests is not None:
+            opts["max_ongoing_requests"] = self.max_ongoing_requests
+        if self.max_queued_requests is not None:
+            opts["max_queued_requests"] = self.max_queued_requests
+        return opts
+
+
+class PrefixRoutingOptions(_Strict):
+    """Thresholds of Generate's prefix routing (``deployments/routing/prefix_router.py``)."""
+
+    imbalance: int = Field(
+        8,
+        ge=0,
+        description="Route by load instead when the best-matching replica's queue is longer "
+        "than the shortest by more than this many requests.",
+    )
+    min_match_ratio: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="Route by load instead when the best replica holds fewer extra leading "
+        "blocks of the prompt than this share of them.",
+    )
+    stats_period_s: float = Field(
+        1.0, gt=0, description="How often each Generate replica reports its engine's blocks."
+    )
+    engine_events: bool = Field(
+        True,
+        description="Route on the blocks each engine reports (its KV cache events); false: "
+        "only on what each router itself sent where, for a few stats periods.",
+    )
+
+
+class GenerateOptions(DeploymentOptions):
+    """Generate's replicas and resources, and how its callers choose a replica."""
+
+    routing: Literal["prefix", "pow2"] | None = Field(
+        None,
+        description="`prefix`: to the replica whose KV cache holds the longest prefix of the "
+        "request; `pow2`: Serve's power of two choices. Default: prefix when Generate can have "
+        "more than one replica.",
+    )
+    prefix_routing: PrefixRoutingOptions = Field(default_factory=PrefixRoutingOptions)
+    cpu_cores: int | None = Field(
+        None,
+        ge=1,
+        description="CPU engines: bind each replica's engine threads to this many cores of its "
+        "node, its own by the replica's rank on the node (as a GPU per replica). Unset: the "
+        "threads float over every core (VLLM_CPU_OMP_THREADS_BIND, default nobind).",
+    )
+
+    def routing_policy(self, class_default_replicas: int = 1) -> Literal["prefix", "pow2"]:
+        if self.routing is not None:
+            return self.routing
+        if self.num_replicas is not None:
+            most = self.num_replicas
+        elif self.autoscaling is not None:
+            most = self.autoscaling.max_replicas
+        else:
+            most = class_default_replicas
+        return "prefix" if most > 1 else "pow2"
+
+
+class GraphConfig(_Strict):
+    """Everything ``build_app`` accepts."""
+
+    model: str = Field(str(TINY_MODEL), description="HF-format model folder or hub id.")
+    served_model_name: str | None = Field(
+        None, description="Name clients send as `model`; defaults to `model`."
+    )
+    tokenizer: str | None = Field(None, description="Tokenizer folder or id, if not the model's.")
+    dtype: str = Field("auto", description="vLLM --dtype.")
+    reasoning_parser: str | None = Field(None, description="vLLM reasoning parser, e.g. qwen3.")
+    tool_call_parser: str | None = Field(
+        None, description="vLLM tool parser, e.g. hermes; enables auto tool choice."
+    )
+    chat_template: str | None = Field(None, description="Chat template file or string.")
+    max_model_len: int | None = Field(None, ge=16, description="Context length; model's if unset.")
+    kv_cache_gib: int = Field(
+        2, ge=1, description="CPU KV cache GiB (VLLM_CPU_KVCACHE_SPACE); ignored on GPU."
+    )
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM on GPU.")
+    max_num_seqs: int | None = Field(None, ge=1, description="Engine batch size limit.")
+    stream_interval: int = Field(1, ge=1, description="Engine steps per streamed chunk.")
+    stream_coalesce_ms: float = Field(
+        10.0,
+        ge=0,
+        le=1000,
+        description="Between tiers, SSE events arriving within this window after the last "
+        "handle item travel as one item (the first event is never held); 0 joins only "
+        "events already waiting.",
+    )
+    enforce_eager: bool = Field(False, description="Disable graph capture/compilation.")
+    logits_processors: list[str] = Field(
+        default_factory=list,
+        description="vLLM --logits-processors: `module:Class` names the engine loads.",
+    )
+    tokens_only: bool = Field(
+        False,
+        description="Generate loads no tokenizer (vLLM --tokens-only); text mode answers 400.",
+    )
+    num_gpus: float = Field(0, ge=0, description="GPUs per Generate replica; 0 runs on CPU.")
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM --tensor-parallel-size.")
+    text_placement: TextPlacement = Field(
+        "inline",
+        description="Where /v1 text is made: `inline` in Generate, or the Derender `tier`. "
+        "A request overrides it with the X-Text-Placement header.",
+    )
+    api_key: SecretStr | None = Field(
+        None, description="Bearer key for /v1 and /inference; VLLM_API_KEY if unset."
+    )
+    max_body_bytes: int = Field(32 * 2**20, ge=1024, description="Larger bodies get 413.")
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="A request body not fully sent within this long gets 408."
+    )
+    max_body_reads_without_key: int = Field(
+        64,
+        ge=1,
+        description="Per Ingress replica, request bodies read at once from clients without "
+        "the API key (every client, if no key is set); more get 503 at once. Bounds the "
+        "Ingress slots that slow clients can hold.",
+    )
+    expose_replica_pid: bool = Field(
+        False,
+        description="Test only: answer with `X-Served-By-Pid`, the serving replica's PID "
+        "(tests kill it). Off: a client learns nothing of the host's processes.",
+    )
+    ingress: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    render: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    generate: GenerateOptions = Field(default_factory=GenerateOptions)
+    derender: DeploymentOptions = Field(default_factory=DeploymentOptions)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> GraphConfig:
+        local = Path(self.model)
+        if (local.is_absolute() or self.model.startswith(".")) and not local.is_dir():
+            raise ValueError(f"model folder {self.model!r} does not exist")
+        if self.tokens_only and self.text_placement == "inline":
+            raise ValueError(
+                "text_placement 'inline' needs a tokenizer on Generate, which tokens_only "
+                "removes; use text_placement=tier"
+            )
+        if self.num_gpus == 0 and self.tensor_parallel_size > 1:
+            raise ValueError("tensor_parallel_size > 1 needs num_gpus > 0")
+        if self.num_gpus > 0 and self.generate.cpu_cores is not None:
+            raise ValueError("generate.cpu_cores binds CPU engines; unset it with num_gpus > 0")
+        return self
+
+    @classmethod
+    def from_args(
+        cls, args: dict[str, Any] | None, env: Mapping[str, str] | None = None
+    ) -> GraphConfig:
+        """Validate ``serve run`` / Serve-config args; dotted keys nest.
+
+        ``env`` (the process environment when the app is built, not imported)
+        supplies ``VLLM_API_KEY`` when the args set no ``api_key``, as vLLM does.
+        """
+        values = nest_dotted(args or {})
+        env_key = (env or {}).get("VLLM_API_KEY")
+        if env_key and values.get("api_key") is None:
+            values["api_key"] = env_key
+        return cls.model_validate(values)
+
+
+def nest_dotted(args: dict[str, Any]) -> dict[str, Any]:
+    """``{"generate.num_replicas": "2"}`` → ``{"generate": {"num_replicas": "2"}}``."""
+    out: dict[str, Any] = {}
+    for key, value in args.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ValueError(f"{key!r} nests under {part!r}, which already has a value")
+            node = child
+        if isinstance(value, dict) and isinstance(node.get(leaf), dict):
+            node[leaf] = {**node[leaf], **nest_dotted(value)}
+        else:
+            node[leaf] = nest_dotted(value) if isinstance(value, dict) else value
+    return out

@@ -1,0 +1,220 @@
+"""The ingress's front door: API key, body size and body pace, before any route runs.
+
+As middleware, it covers every ``/v1/*`` and ``/inference/*`` path, routes
+added later included, so none can slip through unguarded. ``/health``,
+``/metrics``, ``/tokenize`` and the tokens-only ``/abort_requests`` stay open,
+as in vLLM.
+
+Serve's proxy hands a request to the Ingress as soon as its headers are in,
+and the body follows at the client's pace; each such request holds one of the
+replica's ``max_ongoing_requests``. So the guard reads every body itself:
+within ``body_timeout_s`` (else 408), and, for requests without the API key,
+only so many at once (else 503). A thousand clients that never finish their
+bodies then hold a few dozen slots, not all of them, and keyed traffic and
+``/health`` keep being served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from dataclasses import dataclass
+from http import HTTPStatus
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+
+from deployments.edge.errors import CLIENT_CLOSED_REQUEST, to_http, unavailable
+from deployments.transport.serve_internals import replica_grpc_max_message_bytes
+
+logger = logging.getLogger("ray.serve")
+PROTECTED_PREFIXES = ("/v1/", "/inference/")
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    api_key: str | None
+    max_body_bytes: int
+    body_timeout_s: float = 30.0
+    """A body not fully sent within this long gets 408."""
+    max_body_reads_without_key: int = 64
+    """Bodies read at once from requests without the key (all, if none is set); more: 503."""
+
+
+# Methods whose requests carry no body worth reading (a GET's is ignored).
+_BODILESS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def app_path(request: Request) -> str:
+    """The path inside this app, without Serve's route prefix."""
+    path: str = request.scope["path"]
+    root: str = request.scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root) :] or "/"
+    return path
+
+
+def is_protected(path: str) -> bool:
+    return path == "/v1" or path.startswith(PROTECTED_PREFIXES)
+
+
+def key_matches(header: str | None, api_key: str) -> bool:
+    scheme, _, token = (header or "").partition(" ")
+    # Constant time, whatever the guess: no early exit on the first wrong byte.
+    return hmac.compare_digest(f"{scheme.lower()} {token}".encode(), f"bearer {api_key}".encode())
+
+
+class Guard:
+    """Pure ASGI middleware, so streamed responses pass straight through.
+
+    Starlette's ``BaseHTTPMiddleware`` (``@app.middleware("http")``) re-streams
+    every body chunk through a memory channel and a task: one more hop per SSE
+    event on every stream. This one only looks at the request, and reads its
+    body, to count it and to time it.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._reads_without_key = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        settings: GuardSettings | None = None
+        if scope["type"] == "http" and "app" in scope:
+            settings = getattr(scope["app"].state, "guard", None)
+        if settings is None:
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        refusal = _refusal(request, settings)
+        if refusal is None and request.method not in _BODILESS:
+            body, refusal = await self._read(request, receive, settings)
+            if body is not None:
+                receive = _replay(body, receive)
+        if refusal is None:
+            await self.app(scope, receive, send)
+        else:
+            await refusal(scope, receive, send)
+
+    async def _read(
+        self, request: Request, receive: Receive, settings: GuardSettings
+    ) -> tuple[bytes | None, Response | None]:
+        """The whole body (handed on whole), or the refusal of it."""
+        keyed = settings.api_key is not None and key_matches(
+            request.headers.get("authorization"), settings.api_key
+        )
+        if not keyed and self._reads_without_key >= settings.max_body_reads_without_key:
+            return None, _busy()
+        if not keyed:
+            self._reads_without_key += 1
+        try:
+            async with asyncio.timeout(settings.body_timeout_s):
+                body = await _read_body(receive, settings.max_body_bytes)
+        except TimeoutError:
+            return None, _body_timeout(settings)
+        except ClientDisconnect:  # gone before its body was in: nothing to serve
+            return None, Response(status_code=CLIENT_CLOSED_REQUEST)
+        finally:
+            if not keyed:
+                self._reads_without_key -= 1
+        if body is None:
+            return None, _too_large(f"more than {settings.max_body_bytes}", settings)
+        return body, None
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole request body, or None once it grows past ``limit`` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise ClientDisconnect
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """``receive`` with the body already read handed out first; after it, the
+    server's own (a disconnect must still reach a streaming response)."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+def _busy() -> Response:
+    return to_http(unavailable("too many requests are sending their bodies; retry later"))
+
+
+def _body_timeout(settings: GuardSettings) -> Response:
+    return to_http(
+        create_error_response(
+            f"the request body was not sent within {settings.body_timeout_s:g} s",
+            "RequestTimeout",
+            HTTPStatus.REQUEST_TIMEOUT,
+        ),
+        {"Connection": "close"},
+    )
+
+
+def _too_large(size: str, settings: GuardSettings) -> Response:
+    return to_http(
+        create_error_response(
+            f"request body of {size} bytes exceeds {settings.max_body_bytes}",
+            "RequestEntityTooLarge",
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+        )
+    )
+
+
+# vLLM's AuthenticationMiddleware answers exactly this, not an ErrorResponse.
+UNAUTHORIZED = {"error": "Unauthorized"}
+
+
+def _refusal(request: Request, settings: GuardSettings) -> Response | None:
+    """The answer to a request the guard stops by its headers, or None to let it through."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
+        return _too_large(length, settings)
+    api_key = settings.api_key
+    # As vLLM: CORS preflights (OPTIONS) carry no key.
+    needs_key = (
+        api_key is not None and request.method != "OPTIONS" and is_protected(app_path(request))
+    )
+    if needs_key and not key_matches(request.headers.get("authorization"), api_key or ""):
+        return JSONResponse(UNAUTHORIZED, status_code=HTTPStatus.UNAUTHORIZED)
+    return None
+
+
+def crossing_body_cap(max_body_bytes: int) -> int:
+    """``max_body_bytes``, or less where Serve's gRPC data plane could not carry such a
+    body between tiers (its pickled request can outgrow the JSON: half its limit)."""
+    crossing = replica_grpc_max_message_bytes() // 2
+    if crossing < max_body_bytes:
+        logger.warning(
+            "bodies capped at %d bytes, not max_body_bytes=%d: Serve's gRPC data plane "
+            "carries at most %d (RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH)",
+            crossing,
+            max_body_bytes,
+            2 * crossing,
+        )
+    return min(max_body_bytes, crossing)
+
+
+def install_guard(app: FastAPI) -> None:
+    app.add_middleware(Guard)

@@ -1,0 +1,207 @@
+"""Calls from the Ingress into the tiers, and what their answers are in HTTP.
+
+Where error values (vLLM's ``ErrorResponse``) and failures of a handle call
+become answers: 4xx for bad input, 503 with ``Retry-After`` when a tier sheds
+load or has no replica, and, once a stream has started, an SSE error event and
+``[DONE]`` instead of a silent cut. ``call`` raises what a client must be
+told as a ``Refusal`` (``errors``), which the Ingress's handler answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import pickle
+from collections.abc import AsyncIterator, Callable
+from http import HTTPStatus
+from typing import Any
+
+import grpc
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayError, RayTaskError
+from ray.serve.exceptions import BackPressureError
+from ray.serve.handle import DeploymentHandle
+from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+from vllm.exceptions import GenerationError
+
+from deployments.edge.errors import Refusal, bad_request, no_live_replica, to_http, unavailable
+from deployments.messages.tier import ServedBy
+from deployments.text.sse import DONE
+from deployments.transport.replica_assignment import wait_routed
+
+logger = logging.getLogger("ray.serve")
+
+SERVED_BY_HEADER = "X-Served-By"
+REPLICA_PID_HEADER = "X-Served-By-Pid"
+RETRY_AFTER_S = "1"
+# Calls made again when their replica is lost before their first item (``respond``).
+RETRIES_ON_REPLICA_LOSS = 2
+
+
+async def respond(
+    start: Callable[[], Any],
+    via: DeploymentHandle[Any],
+    headers: dict[str, str] | None = None,
+    on_failure: Callable[[Any], None] | None = None,
+) -> Response:
+    """One streamed handle call, made through ``via`` by ``start()``, → HTTP.
+
+    A call that no replica of ``via`` can take (none is running) is a 503 at
+    once rather than a wait in Serve's router (``routable.wait_routed``).
+    The first item is awaited before any status is sent, so an error that
+    comes first (bad input, overload) is a real 4xx/5xx, not a 200 with a
+    cut-off body. A unary call yields exactly one item.
+
+    A call whose replica is lost before its first item (``replica_lost``) has
+    sent the client nothing, so it is made again, ``RETRIES_ON_REPLICA_LOSS``
+    times at most: a node that dies takes a while to be noticed, and requests
+    that Serve sent to its replicas meanwhile would otherwise all fail.
+
+    ``on_failure(call)`` runs when a tier fails under a call (not for overload
+    or bad input): a replica that died mid-stream cannot cancel the calls it
+    made, so the caller cleans up what they may have left running.
+    """
+    retries = RETRIES_ON_REPLICA_LOSS
+    while True:
+        items = start()
+        if not await wait_routed(items, via):
+            _cancel(items)
+            return to_http(no_live_replica(via.deployment_name))
+        try:
+            first, served_by = await _first_item(items)
+            break
+        except BaseException as exc:
+            _cancel(items)
+            if not isinstance(exc, Exception):
+                raise
+            error = failure_error(exc)
+            if on_failure is not None and _tier_failed(exc, error):
+                on_failure(items)
+            if retries > 0 and replica_lost(exc):
+                retries -= 1
+                logger.warning("%s replica lost before the first item (%r): calling again",
+                               via.deployment_name, exc)  # fmt: skip
+                continue
+            return to_http(error, {"Retry-After": RETRY_AFTER_S})
+    if served_by is not None:
+        headers = {**(headers or {}), SERVED_BY_HEADER: served_by.replica}
+        if served_by.pid is not None:
+            headers[REPLICA_PID_HEADER] = str(served_by.pid)
+    if isinstance(first, ErrorResponse):
+        return to_http(first, headers)
+    if isinstance(first, BaseModel):
+        return JSONResponse(first.model_dump(), headers=headers)
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            yield first
+            async for event in items:
+                yield event
+        except Exception as exc:
+            # The status line is gone; say so in the stream, as vLLM does.
+            logger.warning("stream failed after it started: %r", exc)
+            if on_failure is not None:
+                on_failure(items)
+            error = unavailable(f"stream failed: {type(exc).__name__}")
+            yield f"data: {error.model_dump_json()}\n\n"
+            yield f"data: {DONE}\n\n"
+        finally:
+            # A client that went away cancels the whole call chain.
+            _cancel(items)
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+
+async def _first_item(items: Any) -> tuple[Any, ServedBy | None]:
+    """A call's first item, and the ``ServedBy`` marker that came before it, if any."""
+    first = await anext(items)
+    if not isinstance(first, ServedBy):
+        return first, None
+    return await anext(items), first
+
+
+def replica_lost(exc: Exception) -> bool:
+    """The call failed because the replica that took it (or one it called) died or
+    cannot be reached: Serve's router has already taken it out of rotation."""
+    return isinstance(raised_in_tier(exc), (ActorDiedError, ActorUnavailableError))
+
+
+async def call(response: Any, via: DeploymentHandle[Any]) -> Any:
+    """The answer of a unary call made through ``via``; an error value it returned,
+    or its failure, is raised as a ``Refusal``."""
+    if not await wait_routed(response, via):
+        _cancel(response)
+        raise Refusal(no_live_replica(via.deployment_name))
+    try:
+        answer = await response
+    except Exception as exc:
+        raise Refusal(failure_error(exc)) from None
+    if isinstance(answer, ErrorResponse):
+        raise Refusal(answer)
+    return answer
+
+
+def raised_in_tier(exc: Exception) -> Exception:
+    """What the tier raised under a failed call.
+
+    Over the object store, Ray wraps it in a ``RayTaskError`` that holds it as
+    ``cause``; over Serve's gRPC data plane it arrives as itself.
+    """
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(exc, RayTaskError) and isinstance(cause, Exception) else exc
+
+
+def failure_error(exc: Exception) -> ErrorResponse:
+    """What a failed handle call means to a client."""
+    cause = raised_in_tier(exc)
+    if isinstance(cause, (pickle.PicklingError, RecursionError)):
+        # The request (or its answer) cannot be pickled between tiers: no retry helps.
+        return bad_request(f"the request cannot be passed between tiers: {type(cause).__name__}")
+    if not isinstance(cause, (RayError, BackPressureError)):
+        # A tier raised instead of returning an error value: vLLM's mapping
+        # decides (its validation errors are 400s; a request its engine ended
+        # with an error is vLLM's 500); unknown causes stay 503.
+        mapped = create_error_response(cause)
+        if mapped.error.code < HTTPStatus.INTERNAL_SERVER_ERROR or isinstance(
+            cause, GenerationError
+        ):
+            return mapped
+    if isinstance(exc, BackPressureError):
+        return unavailable("the server is overloaded; retry later")
+    if _too_large_to_cross(cause):
+        # No retry can succeed: the request or its answer is too large for the hop.
+        return create_error_response(
+            "a message between the graph's tiers exceeds Serve's gRPC limit "
+            "(RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH)",
+            "RequestEntityTooLarge",
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+        )
+    logger.warning("handle call failed: %r", exc)
+    return unavailable(f"a serving tier failed: {type(exc).__name__}")
+
+
+def _too_large_to_cross(exc: Exception) -> bool:
+    return isinstance(exc, grpc.aio.AioRpcError) and (
+        exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    )
+
+
+def _tier_failed(exc: Exception, error: ErrorResponse) -> bool:
+    """A tier broke under the call; overload, bad input and a request the engine
+    ended leave nothing running."""
+    return (
+        not isinstance(exc, BackPressureError)
+        and not isinstance(raised_in_tier(exc), GenerationError)
+        and error.error.code >= HTTPStatus.INTERNAL_SERVER_ERROR
+    )
+
+
+def _cancel(items: Any) -> None:
+    """Cancel a handle call; one that already failed (e.g. backpressure) re-raises, so
+    its error is dropped here: the caller already answers for it."""
+    cancel = getattr(items, "cancel", None)
+    if cancel is not None:
+        with contextlib.suppress(Exception):
+            cancel()

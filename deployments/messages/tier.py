@@ -1,0 +1,128 @@
+"""Wire models between the graph's tiers.
+
+Tiers exchange vLLM's own protocol models (``GenerateRequest``,
+``ChatCompletionRequest``, ``ErrorResponse``, …) through DeploymentHandles;
+this module adds only what vLLM has no model for. Errors travel as values
+(``ErrorResponse``) and the ingress alone maps them to HTTP. The control plane's
+models live apart, in ``messages/control.py``, so that it never imports vLLM.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+from vllm.entrypoints.generate.base.protocol import DeltaMessage
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest, ChatMessage
+from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateRequest
+from vllm.entrypoints.serve.engine.protocol import UsageInfo
+
+
+class TextJob(BaseModel):
+    """A rendered OpenAI request, ready to generate and derender into text."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    generate_request: GenerateRequest
+    """What `/render` returned for the request; its `token_ids` seed detokenization."""
+    chat_request: ChatCompletionRequest | None = None
+    """The original chat request: tools, tool_choice, reasoning flags. Set for chat."""
+    completion_request: CompletionRequest | None = None
+    """The original completion request. Set for completions."""
+    model_name: str
+    """The model name echoed in responses (the request's `model`)."""
+
+
+class ServedBy(BaseModel):
+    """First item of a text stream: which replica holds it (the stream is pinned there)."""
+
+    placement: Literal["inline", "tier"]
+    replica: str
+    pid: int | None = None
+    """Set only with ``GraphConfig.expose_replica_pid`` (tests)."""
+
+
+def served_by(placement: Literal["inline", "tier"], *, with_pid: bool) -> ServedBy:
+    import os
+
+    from ray import serve
+
+    replica = serve.get_replica_context().replica_id.unique_id
+    return ServedBy(placement=placement, replica=replica, pid=os.getpid() if with_pid else None)
+
+
+class ParseContext(BaseModel):
+    """What a parser needs of the original chat request (vLLM 0.33's ``parse_context``).
+
+    ``/v1/chat/completions/render`` returns it beside the ``GenerateRequest``;
+    ``/inference/v1/generate`` with ``output_mode: "derender"`` takes it back.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    tools: list[dict[str, Any]] | None = None
+    """The request's tools, as sent (OpenAI function tools)."""
+    tool_choice: str | dict[str, Any] | None = None
+    """``none`` / ``auto`` / ``required`` or a named function choice."""
+    parallel_tool_calls: bool | None = True
+    """False keeps only the first tool call, as vLLM does."""
+    include_reasoning: bool = True
+    """False drops reasoning from the message."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Template kwargs the prompt was rendered with (e.g. ``enable_thinking``)."""
+
+    @classmethod
+    def of(cls, request: ChatCompletionRequest) -> ParseContext:
+        dumped = request.model_dump(
+            include={"tools", "tool_choice", "parallel_tool_calls", "include_reasoning"},
+            exclude_none=True,
+        )
+        return cls(**dumped, chat_template_kwargs=request.chat_template_kwargs)
+
+    def chat_request(self, model: str) -> ChatCompletionRequest:
+        """A chat request that carries this context to vLLM's parsers."""
+        fields = self.model_dump(exclude_none=True)
+        return ChatCompletionRequest.model_validate({"model": model, "messages": [], **fields})
+
+
+class _DerenderEnvelope(BaseModel):
+    """Fields shared by ``output_mode: "derender"`` responses and their chunks."""
+
+    request_id: str
+    created: int
+    model: str
+    output_mode: Literal["derender"] = "derender"
+    usage: UsageInfo | None = None
+
+
+class DerenderChoice(BaseModel):
+    """One choice of a ``output_mode: "derender"`` response: the parsed message."""
+
+    index: int
+    message: ChatMessage
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class GenerateDerenderResponse(_DerenderEnvelope):
+    """``/inference/v1/generate`` with ``output_mode: "derender"`` (vLLM 0.33's shape)."""
+
+    object: Literal["generate.derender"] = "generate.derender"
+    choices: list[DerenderChoice]
+
+
+class DerenderStreamChoice(BaseModel):
+    """One step of a streamed ``derender`` choice: the message delta."""
+
+    index: int
+    delta: DeltaMessage
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class GenerateDerenderStreamResponse(_DerenderEnvelope):
+    """One SSE chunk of ``output_mode: "derender"`` (streaming is ours; vLLM has none)."""
+
+    object: Literal["generate.derender.chunk"] = "generate.derender.chunk"
+    choices: list[DerenderStreamChoice]

@@ -1,0 +1,235 @@
+"""Generate's request router: each call goes to the replica whose engine holds
+the longest prefix of its tokens, unless that replica is much busier.
+
+The Render tier has already made the exact token ids before a Generate
+replica is chosen, so the router names the request's blocks as vLLM does
+(``kv_blocks.BlockKeying``) and looks them up in what each engine holds:
+
+- **the engine's own truth**: every Generate replica keeps the block keys its
+  engine's KV cache events report (``kv_index.EngineBlocks``) and hands them
+  to Serve as routing stats, which Serve's controller pushes to every
+  router (every Ingress and Derender replica) each ``stats_period_s``;
+- **what this router just sent**: the blocks of a request it routed count as
+  held by that replica for a few stats periods, until the engine's own
+  report covers them. A conversation's next turn often comes before the next
+  report does.
+
+Rule, per call: ``match`` = leading blocks of the prompt each candidate
+holds. If the best match beats the worst by less than ``min_match_ratio`` of
+the prompt's blocks (a first turn, a prompt sharing only a template's first
+block), the call is routed as Serve routes by default (power of two
+choices). Otherwise the best-matching replicas come first, unless their
+queue is longer than the shortest by more than ``imbalance`` requests, which
+also falls back to power of two. Serve then picks the shortest queue in the
+first rank that has room, and falls through to the next rank if none has.
+
+Pinned calls (step channels) go where they name, as in ``PinnedRouter``. A
+replica that leaves the router's list is forgotten with everything it held;
+a new one starts with nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections import OrderedDict
+from typing import Any, TypeVar
+
+from ray.serve.config import RequestRouterConfig
+from ray.serve.request_router import PendingRequest, ReplicaID, RunningReplica
+
+from deployments.routing.block_keys import BlockKeying
+from deployments.routing.engine_blocks import ROUTING_STATS_KEY
+from deployments.routing.pinned_router import PinnedRouter
+
+R = TypeVar("R")
+# Requests whose keys were computed but that were never routed (cancelled) are dropped.
+_PENDING_KEYS_MAX = 4096
+# Blocks this router routed, per replica, that it remembers until the engine reports.
+_SENT_BLOCKS_MAX = 65536
+
+
+class _Held:
+    """One replica's blocks as its engine last reported them."""
+
+    def __init__(self, stats: dict[str, Any]):
+        self.version = stats.get("version")
+        self.keying = BlockKeying(
+            block_size=int(stats["block_size"]),
+            hash_algo=str(stats["hash_algo"]),
+            seed=str(stats["seed"]),
+        )
+        blocks = array("Q")
+        blocks.frombytes(stats["blocks"])
+        self.blocks = frozenset(blocks)
+
+
+class PrefixRouter(PinnedRouter):
+    def initialize_state(
+        self,
+        imbalance: int = 8,
+        min_match_ratio: float = 0.1,
+        sent_ttl_s: float = 5.0,
+        **kwargs: Any,
+    ) -> None:
+        super().initialize_state(**kwargs)
+        self._imbalance = imbalance
+        self._min_match_ratio = min_match_ratio
+        self._sent_ttl_s = sent_ttl_s
+        self._held: dict[ReplicaID, _Held] = {}
+        self._sent: dict[ReplicaID, OrderedDict[int, float]] = {}
+        self._pending_keys: OrderedDict[str, list[int]] = OrderedDict()
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        default = await super().choose_replicas(candidate_replicas, pending_request)
+        if pending_request is None or pending_request.kwargs.get("replica") is not None:
+            return default
+        if len(candidate_replicas) < 2:
+            return default
+        ranked = self._by_prefix(candidate_replicas, pending_request)
+        return [ranked, *default] if ranked else default
+
+    def _by_prefix(
+        self, candidates: list[RunningReplica], pending: PendingRequest
+    ) -> list[RunningReplica]:
+        """The replicas to try first for this request, or none (route by load)."""
+        prompt = _prompt(pending)
+        keying = self._keying(candidates)
+        if prompt is None or keying is None:
+            return []
+        token_ids, cache_salt = prompt
+        keys = keying.keys(token_ids, cache_salt)
+        if not keys:
+            return []
+        request_id = pending.metadata.internal_request_id
+        self._pending_keys[request_id] = keys
+        while len(self._pending_keys) > _PENDING_KEYS_MAX:
+            self._pending_keys.popitem(last=False)
+        now = time.monotonic()
+        match = {r: self._leading_held(r.replica_id, keys, now) for r in candidates}
+        loads = {r: self._queue_len(r) for r in candidates}
+        return prefix_choice(len(keys), match, loads, self._imbalance, self._min_match_ratio)
+
+    def on_request_routed(
+        self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
+    ) -> None:
+        keys = self._pending_keys.pop(pending_request.metadata.internal_request_id, None)
+        if not keys:
+            return
+        sent = self._sent.setdefault(replica_id, OrderedDict())
+        expiry = time.monotonic() + self._sent_ttl_s
+        for key in keys:
+            sent[key] = expiry
+            sent.move_to_end(key)
+        while len(sent) > _SENT_BLOCKS_MAX:
+            sent.popitem(last=False)
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        live = {r.replica_id for r in replicas}
+        for gone in [r for r in self._held if r not in live]:
+            del self._held[gone]
+        for gone in [r for r in self._sent if r not in live]:
+            del self._sent[gone]
+        for r in replicas:
+            stats = (r.routing_stats or {}).get(ROUTING_STATS_KEY)
+            if stats is None:
+                continue
+            held = self._held.get(r.replica_id)
+            if held is None or held.version != stats.get("version"):
+                try:
+                    self._held[r.replica_id] = _Held(stats)
+                except (KeyError, TypeError, ValueError):
+                    # A report this router cannot read (another version of the graph
+                    # mid-upgrade): that replica counts as holding nothing.
+                    self._held.pop(r.replica_id, None)
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._held.pop(replica_id, None)
+        self._sent.pop(replica_id, None)
+
+    def _keying(self, candidates: list[RunningReplica]) -> BlockKeying | None:
+        """The candidates' common keying; None until one reported, or if they differ."""
+        keyings = {
+            self._held[r.replica_id].keying for r in candidates if r.replica_id in self._held
+        }
+        return keyings.pop() if len(keyings) == 1 else None
+
+    def _leading_held(self, replica_id: ReplicaID, keys: list[int], now: float) -> int:
+        held = self._held.get(replica_id)
+        blocks = held.blocks if held is not None else frozenset()
+        sent = self._sent.get(replica_id)
+        count = 0
+        for key in keys:
+            if key in blocks:
+                count += 1
+                continue
+            expiry = sent.get(key) if sent is not None else None
+            if expiry is None or expiry < now:
+                break
+            count += 1
+        return count
+
+    def _queue_len(self, replica: RunningReplica) -> int:
+        """Requests on the replica as the router last heard (0 if not heard yet)."""
+        known = self.replica_queue_len_cache.get(replica.replica_id)
+        return 0 if known is None else known
+
+
+def prefix_choice(
+    blocks: int,
+    match: dict[R, int],
+    loads: dict[R, int],
+    imbalance: int,
+    min_match_ratio: float,
+) -> list[R]:
+    """The replicas to try first for a prompt of ``blocks`` full blocks, given the
+    leading blocks each holds (``match``) and its queue (``loads``); none: route by load.
+
+    The best match must beat the worst by at least ``min_match_ratio`` of the
+    prompt, or prefixes say nothing about where it should go (a first turn; a
+    prompt that shares only a template's first block with everything else,
+    where following the match would send every request to one replica).
+    """
+    best = max(match.values())
+    if best == 0 or best - min(match.values()) < min_match_ratio * blocks:
+        return []
+    least = min(loads.values())
+    return [r for r, held in match.items() if held == best and loads[r] - least <= imbalance]
+
+
+def _prompt(pending: PendingRequest) -> tuple[list[int], str | None] | None:
+    """Token ids and cache salt of a generate call's request, if it has one."""
+    if not pending.args:
+        return None
+    request = pending.args[0]
+    request = getattr(request, "generate_request", request)  # a TextJob
+    token_ids = getattr(request, "token_ids", None)
+    if not isinstance(token_ids, list) or getattr(request, "features", None) is not None:
+        return None  # multimodal features add block keys the router cannot make
+    return token_ids, getattr(request, "cache_salt", None)
+
+
+def prefix_routing(
+    *, imbalance: int, min_match_ratio: float, stats_period_s: float, engine_events: bool = True
+) -> RequestRouterConfig:
+    """Serve's router config for Generate with prefix routing."""
+    # Ray 2.60 annotates RequestRouterConfig's **kwargs as dict values (pinned_router.py).
+    options: dict[str, Any] = {
+        "request_router_class": PrefixRouter,
+        "request_router_kwargs": {
+            "imbalance": imbalance,
+            "min_match_ratio": min_match_ratio,
+            # What the router sent counts until the engine's report has surely come;
+            # without engine reports, it is all there is (bounded by _SENT_BLOCKS_MAX).
+            "sent_ttl_s": 3 * stats_period_s + 2.0 if engine_events else 3600.0,
+        },
+        "request_routing_stats_period_s": stats_period_s,
+        "request_routing_stats_timeout_s": max(10.0, 5 * stats_period_s),
+    }
+    return RequestRouterConfig(**options)

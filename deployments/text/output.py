@@ -1,0 +1,225 @@
+"""OpenAI text output for a :class:`TextJob`, from a source of generate output.
+
+Both placements run this same code: inline, the source is the engine in the
+same Generate replica; tier, the source is a streamed DeploymentHandle call to
+Generate. Streams go through the stateful stream derenderer; unary responses
+through vLLM's own batch derender (``ServingDerender``), exactly as its
+``/v1/chat/completions/derender`` computes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any
+
+from vllm.entrypoints.openai.chat_completion.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionStreamResponse,
+)
+from vllm.entrypoints.openai.completion.protocol import (
+    CompletionResponse,
+    CompletionStreamResponse,
+)
+from vllm.entrypoints.scale_out.derender.serving import ServingDerender
+from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
+    DerenderCompletionRequest,
+    GenerateRequest,
+    GenerateTokensResponse,
+    GenerateTokensStreamResponse,
+)
+from vllm.entrypoints.serve.engine.protocol import (
+    CompletionTokenUsageInfo,
+    ErrorResponse,
+    UsageInfo,
+)
+from vllm.renderers.online_derenderer import OnlineDerenderer
+
+from deployments.messages.tier import TextJob
+from deployments.text.chat_choice import GeneratedChoice, chat_choice
+from deployments.text.sse import DONE, sse_data, sse_event, sse_stream_payloads
+from deployments.text.stop_strings import cut_at_stop, ended_on_stop_string, ended_on_stop_token
+from deployments.text.stream_derenderer import ChatStreamDerenderer, CompletionStreamDerenderer
+from deployments.transport.coalesce import coalesced
+from deployments.vllm_adapter.internals import (
+    decode_params,
+    detokenize_delta,
+    resolve_logprobs,
+    seed_stream_state,
+)
+
+OpenAIChunk = ChatCompletionStreamResponse | CompletionStreamResponse
+# Writes one OpenAI chunk as the SSE event the client gets.
+ChunkEvent = Callable[[OpenAIChunk], str]
+
+
+def openai_event(chunk: OpenAIChunk) -> str:
+    """The chunk as vLLM's OpenAI server writes it; its final usage chunk (no
+    choices) without null fields."""
+    return sse_event(chunk, exclude_none=not chunk.choices and chunk.usage is not None)
+
+
+def tokens_request(job: TextJob, *, stream: bool) -> GenerateRequest:
+    """The job's generate request, asking for tokens (we detokenize).
+
+    The engine's own incremental detokenizer is turned off too: the text is
+    made from the token ids next to the parser, inline or in the tier, so the
+    engine's would be CPU spent on the engine's host for text nobody reads.
+    Stop strings keep it on: vLLM matches them on the engine's text, and its
+    semantics (which token ends the request) stay exact only there.
+    """
+    params = job.generate_request.sampling_params
+    update: dict[str, Any] = {"output_mode": "tokens", "stream": stream}
+    if params.detokenize and not params.stop:
+        params = copy.copy(params)
+        params.detokenize = False
+        update["sampling_params"] = params
+    return job.generate_request.model_copy(update=update)
+
+
+class TextOutput:
+    """Derenders one job's generate output into OpenAI responses."""
+
+    def __init__(self, derenderer: OnlineDerenderer, serving_derender: ServingDerender) -> None:
+        self._derenderer = derenderer
+        self._serving = serving_derender
+
+    async def respond(
+        self,
+        job: TextJob,
+        result: ErrorResponse | GenerateTokensResponse | AsyncIterator[str],
+        coalesce_s: float | None,
+        event: ChunkEvent = openai_event,
+    ) -> AsyncGenerator[Any, None]:
+        """One generate result → what the client gets: the error value, the unary
+        response, or the SSE stream (coalesced per stream for the handle hop
+        back, unless ``coalesce_s`` is None: a step channel batches it), each
+        OpenAI chunk written once, by ``event``."""
+        if isinstance(result, ErrorResponse):
+            yield result
+            return
+        if isinstance(result, GenerateTokensResponse):
+            yield await self.unary(job, result)
+            return
+        events = self.stream(job, result, event)
+        # Closed with this generator, so its coalescing task stops reading the source.
+        async with contextlib.aclosing(coalesced(events, coalesce_s)) as items:
+            async for item in items:
+                yield item
+
+    async def unary(
+        self, job: TextJob, response: GenerateTokensResponse
+    ) -> ChatCompletionResponse | CompletionResponse | ErrorResponse:
+        prompt = job.generate_request.token_ids
+        response = response.model_copy(update={"request_id": job.generate_request.request_id})
+        if job.chat_request is not None:
+            return self._unary_chat(job, job.chat_request, response)
+        assert job.completion_request is not None
+        completion = await self._serving.derender_completion_response(
+            DerenderCompletionRequest(
+                model=job.model_name,
+                generate_responses=[response],
+                prompt_tokens=[len(prompt)],
+                prompt_token_ids=[prompt],
+                completion_request=job.completion_request,
+            )
+        )
+        if isinstance(completion, CompletionResponse):
+            include = job.completion_request.include_stop_str_in_output
+            for choice in completion.choices:
+                if ended_on_stop_string(choice.finish_reason, choice.stop_reason, include):
+                    assert isinstance(choice.stop_reason, str)
+                    choice.text = cut_at_stop(choice.text, choice.stop_reason)
+        return completion
+
+    def _unary_chat(
+        self, job: TextJob, request: ChatCompletionRequest, response: GenerateTokensResponse
+    ) -> ChatCompletionResponse | ErrorResponse:
+        """As vLLM's coupled ``/v1/chat/completions`` builds a non-streamed response."""
+        derenderer = self._derenderer
+        tokenizer = derenderer.renderer.get_tokenizer()
+        prompt = job.generate_request.token_ids
+        skip, spaces = decode_params(
+            tokenizer, request, preserve_special=derenderer.parser is not None
+        )
+        include_stop = request.include_stop_str_in_output
+        choices, reasoning_tokens = [], 0
+        for gen in response.choices:
+            # None or empty: aborted before its first token; vLLM answers it, empty.
+            text_ids = list(gen.token_ids or [])
+            if ended_on_stop_token(gen.finish_reason, gen.stop_reason, include_stop):
+                text_ids = text_ids[:-1]
+            seed = seed_stream_state(tokenizer, prompt, skip_special_tokens=skip)
+            text, _ = detokenize_delta(
+                derenderer,
+                tokenizer,
+                text_ids,
+                seed,
+                skip_special_tokens=skip,
+                spaces_between_special_tokens=spaces,
+            )
+            if ended_on_stop_string(gen.finish_reason, gen.stop_reason, include_stop):
+                assert isinstance(gen.stop_reason, str)
+                text = cut_at_stop(text, gen.stop_reason)
+            logprobs = resolve_logprobs(gen.logprobs, tokenizer) if gen.logprobs else None
+            generated = GeneratedChoice(
+                gen.index,
+                text,
+                list(gen.token_ids or []),
+                gen.finish_reason,
+                gen.stop_reason,
+                logprobs,
+            )
+            choice, reasoning = chat_choice(derenderer, request, prompt, generated)
+            choices.append(choice)
+            reasoning_tokens += reasoning
+        completion_tokens = sum(len(c.token_ids or []) for c in response.choices)
+        parser = derenderer.parser
+        return ChatCompletionResponse(
+            id=job.generate_request.request_id,
+            model=job.model_name,
+            choices=choices,
+            usage=UsageInfo(
+                prompt_tokens=len(prompt),
+                completion_tokens=completion_tokens,
+                total_tokens=len(prompt) + completion_tokens,
+                completion_tokens_details=CompletionTokenUsageInfo(
+                    reasoning_tokens=reasoning_tokens
+                )
+                if parser is not None and parser.reasoning_parser_cls is not None
+                else None,
+            ),
+            kv_transfer_params=response.kv_transfer_params,
+        )
+
+    async def stream(
+        self, job: TextJob, source: AsyncIterator[str], event: ChunkEvent = openai_event
+    ) -> AsyncGenerator[str, None]:
+        """Generate SSE events in → OpenAI chunks, written by ``event``, ending in ``[DONE]``.
+
+        Error events from generate pass through unchanged; vLLM sends them as
+        ``data: {"error": …}`` followed by ``[DONE]``.
+        """
+        prompt = job.generate_request.token_ids
+        feeder: ChatStreamDerenderer | CompletionStreamDerenderer
+        if job.chat_request is not None:
+            feeder = ChatStreamDerenderer(
+                self._derenderer, job.chat_request, prompt, job.model_name
+            )
+        else:
+            assert job.completion_request is not None
+            feeder = CompletionStreamDerenderer(
+                self._derenderer, job.completion_request, prompt, job.model_name
+            )
+        response_id = job.generate_request.request_id
+        async for payload in sse_stream_payloads(source):
+            if "error" in payload:
+                yield sse_data(payload)
+                continue
+            chunk = GenerateTokensStreamResponse.model_validate(payload)
+            out = await feeder.feed(chunk)
+            out.id = response_id
+            yield event(out)
+        yield f"data: {DONE}\n\n"

@@ -1,0 +1,130 @@
+"""The one door to Ray Serve 2.60's private state this graph reads.
+
+Each symbol here is private to Serve (or to Ray's actor machinery), and no
+other module of the graph touches one. ``tests/integration/test_serve_internals.py``
+checks each against Ray's own classes on a running Serve instance, so an
+upgrade that moves one fails there, naming it. Where a read can fail softly
+(the router state, the assignment future), the answer is "unknown" and the
+graph behaves as Serve alone would.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import logging.handlers
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any
+
+from ray.serve.handle import DeploymentHandle
+
+
+class ServeInternalsChanged(RuntimeError):
+    """Ray Serve no longer has an internal this graph relies on (a Ray upgrade)."""
+
+
+def replica_grpc_max_message_bytes() -> int:
+    """The largest message a replica takes over Serve's gRPC data plane
+    (``RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH``, read when the process started)."""
+    try:
+        from ray.serve._private.constants import RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH
+    except ImportError as exc:
+        raise ServeInternalsChanged(f"RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH: {exc}") from exc
+    return int(RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH)
+
+
+def proxy_asgi_stack(app: Any, middlewares: list[Any]) -> Any:
+    """``app`` wrapped as Serve's HTTP proxy wraps it: Serve's ``RequestIdMiddleware``
+    innermost, ``middlewares`` (what ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``
+    gives) outside it (``http_util._apply_middlewares``). For tests of what the
+    proxy does to a request."""
+    try:
+        from ray.serve._private.http_util import _apply_middlewares
+    except ImportError as exc:
+        raise ServeInternalsChanged(f"http_util._apply_middlewares: {exc}") from exc
+    return _apply_middlewares(app, middlewares)
+
+
+def proxy_request_id() -> str:
+    """An id as Serve's proxy makes one for a request without ``X-Request-Id``."""
+    try:
+        from ray.serve._private.utils import generate_request_id
+    except ImportError as exc:
+        raise ServeInternalsChanged(f"utils.generate_request_id: {exc}") from exc
+    return str(generate_request_id())
+
+
+def serve_logger_name() -> str:
+    """The logger Serve configures in each replica (``constants.SERVE_LOGGER_NAME``)."""
+    try:
+        from ray.serve._private.constants import SERVE_LOGGER_NAME
+    except ImportError as exc:
+        raise ServeInternalsChanged(f"constants.SERVE_LOGGER_NAME: {exc}") from exc
+    return str(SERVE_LOGGER_NAME)
+
+
+def replica_log_buffers() -> list[logging.handlers.MemoryHandler]:
+    """The buffered handlers through which Serve writes a replica's log file
+    (``logging_utils.configure_component_logger``; buffered under
+    ``RAY_SERVE_THROUGHPUT_OPTIMIZED``)."""
+    handlers = logging.getLogger(serve_logger_name()).handlers
+    return [h for h in handlers if isinstance(h, logging.handlers.MemoryHandler)]
+
+
+@dataclass(frozen=True)
+class RouterView:
+    """What a handle's router knows of its deployment's replicas right now."""
+
+    running: int
+    """Running replicas it may send to (those it saw die under a request left out)."""
+    scales_to_zero: bool | None
+    """Whether the deployment may have no replica by design (None: not told yet)."""
+
+
+def router_view(handle: DeploymentHandle[Any]) -> RouterView | None:
+    """The handle's router state, or None while unknown: before the router has
+    heard of any replica, or on a Ray that keeps it elsewhere.
+
+    Reads ``DeploymentHandle._router._asyncio_router`` and, there,
+    ``running_replicas_populated()``, ``_request_router.curr_replicas`` (or
+    ``_running_replicas`` before the first request builds the request router)
+    and ``_metrics_manager._deployment_config.autoscaling_config``: the running
+    replicas and config the Serve controller pushes to every handle (long poll).
+    """
+    router = getattr(getattr(handle, "_router", None), "_asyncio_router", None)
+    if router is None or not router.running_replicas_populated():
+        return None
+    request_router = getattr(router, "_request_router", None)
+    if request_router is not None:
+        running = len(request_router.curr_replicas)
+    else:
+        pending = getattr(router, "_running_replicas", None)
+        if pending is None:
+            return None
+        running = len(pending)
+    config = getattr(getattr(router, "_metrics_manager", None), "_deployment_config", None)
+    if config is None:
+        return RouterView(running, None)
+    autoscaling = config.autoscaling_config
+    return RouterView(running, autoscaling is not None and autoscaling.min_replicas == 0)
+
+
+def assignment_future(
+    response: Any,
+) -> concurrent.futures.Future[Any] | Awaitable[Any] | None:
+    """The future a handle call's response holds until Serve's router has given the
+    call a replica (``DeploymentResponse._replica_result_future``, and the same on
+    ``DeploymentResponseGenerator``); None if unknown."""
+    return getattr(response, "_replica_result_future", None)
+
+
+def ping_actor(actor: Any) -> Awaitable[Any]:
+    """Ray's own liveness call on an actor (``__ray_ready__``), which Serve does not
+    count against a replica's ``max_ongoing_requests``: a dead actor raises
+    ``RayActorError``."""
+    method = getattr(actor, "__ray_ready__", None)
+    if method is None:
+        raise ServeInternalsChanged("ActorHandle.__ray_ready__ is gone")
+    result: Awaitable[Any] = method.remote()
+    return result

@@ -1,0 +1,59 @@
+"""Each of Serve's private reads (``deployments/transport/serve_internals.py``) inside a
+real Serve replica, with the graph's Serve switches: a Ray upgrade that moves one
+fails here, naming it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from deployments.config.serve_env import SERVE_ENV
+from tests.support.servers import PRISTINE_ENV, REPO, VENV_BIN
+
+
+@pytest.fixture(scope="module")
+def seen() -> dict[str, Any]:
+    env = {**PRISTINE_ENV, "PATH": f"{VENV_BIN}:{PRISTINE_ENV.get('PATH', '')}", **SERVE_ENV}
+    probe = subprocess.run(
+        [sys.executable, "-m", "tests.support.serve_door_probe"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    lines = [line for line in probe.stdout.splitlines() if line.startswith("{")]
+    assert probe.returncode == 0 and lines, probe.stderr[-3000:]
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def test_router_view_reads_the_routers_replicas_and_autoscaling(seen: dict[str, Any]) -> None:
+    # DeploymentHandle._router._asyncio_router: running_replicas_populated(),
+    # _request_router.curr_replicas, _metrics_manager._deployment_config.
+    assert seen["view"] == {"running": 2, "zero": False}, "router_view: Target's 2 replicas"
+    assert seen["zero_view"] == {"running": 1, "zero": True}, "router_view: min_replicas 0"
+
+
+def test_assignment_future_is_the_calls_replica_assignment(seen: dict[str, Any]) -> None:
+    # DeploymentResponse._replica_result_future: a Task on the caller's loop under
+    # the graph's switches (a concurrent Future on Serve's own router thread).
+    assert seen["assignment_future"] in ("Task", "Future"), "assignment_future"
+    assert seen["answer"] == "ok"
+
+
+def test_ping_actor_is_answered_by_a_live_replica(seen: dict[str, Any]) -> None:
+    assert seen["pinged"], "ping_actor: ActorHandle.__ray_ready__"
+
+
+def test_replica_log_buffers_are_serves_buffered_file_handlers(seen: dict[str, Any]) -> None:
+    assert seen["logger"] == "ray.serve", "serve_logger_name: constants.SERVE_LOGGER_NAME"
+    assert seen["log_buffers"] >= 1, "replica_log_buffers: Serve's MemoryHandler"
+    assert seen["log_buffer_targets"] and all(
+        t.endswith("FileHandler") for t in seen["log_buffer_targets"]
+    ), seen["log_buffer_targets"]
+
+
+def test_grpc_cap_and_proxy_ids_inside_a_replica(seen: dict[str, Any]) -> None:
+    assert seen["grpc_cap"] == int(SERVE_ENV["RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH"])
+    assert len(seen["proxy_request_id"]) == 36, "proxy_request_id: utils.generate_request_id"

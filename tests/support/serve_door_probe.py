@@ -1,0 +1,101 @@
+"""Runs each ``serve_internals`` read inside a real Serve replica and prints what it saw.
+
+    python -m tests.support.serve_door_probe      (tests/integration/test_serve_internals.py)
+
+A local Ray instance of its own (``address="local"``) with the graph's Serve
+switches, no HTTP proxy: ``Probe`` holds a handle to ``Target`` and, from
+inside its replica as the graph's tiers do, reads the router state, a call's
+assignment future, its own actor's liveness ping and Serve's replica log
+handlers. One JSON line on stdout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+from typing import Any
+
+import ray
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from deployments.transport import serve_internals as door
+
+
+@serve.deployment(name="Target", num_replicas=2, ray_actor_options={"num_cpus": 0})
+class Target:
+    async def __call__(self) -> str:
+        await asyncio.sleep(0.2)
+        return "ok"
+
+
+@serve.deployment(
+    name="ZeroTarget",
+    ray_actor_options={"num_cpus": 0},
+    autoscaling_config={"min_replicas": 0, "max_replicas": 1, "initial_replicas": 1},
+)
+class ZeroTarget:
+    async def __call__(self) -> str:
+        return "ok"
+
+
+@serve.deployment(name="Probe", ray_actor_options={"num_cpus": 0})
+class Probe:
+    def __init__(self, target: DeploymentHandle, zero: DeploymentHandle) -> None:
+        self._target = target
+        self._zero = zero
+
+    async def check(self) -> dict[str, Any]:
+        seen: dict[str, Any] = {"view_before_any_call": _view(door.router_view(self._target))}
+        response = self._target.remote()
+        future = door.assignment_future(response)
+        seen["assignment_future"] = type(future).__name__
+        if isinstance(future, concurrent.futures.Future):
+            await asyncio.wrap_future(future)
+        elif future is not None:
+            await future
+        seen["answer"] = await response
+        seen["view"] = _view(door.router_view(self._target))
+        await self._zero.remote()
+        seen["zero_view"] = _view(door.router_view(self._zero))
+        await door.ping_actor(ray.get_runtime_context().current_actor)
+        seen["pinged"] = True
+        seen["logger"] = door.serve_logger_name()
+        seen["log_buffers"] = len(door.replica_log_buffers())
+        seen["log_buffer_targets"] = [
+            type(h.target).__name__ for h in door.replica_log_buffers() if h.target is not None
+        ]
+        seen["grpc_cap"] = door.replica_grpc_max_message_bytes()
+        return seen
+
+
+def _view(view: door.RouterView | None) -> Any:
+    return None if view is None else {"running": view.running, "zero": view.scales_to_zero}
+
+
+async def probe() -> dict[str, Any]:
+    serve.start(proxy_location="Disabled")
+    try:
+        app = Probe.bind(Target.bind(), ZeroTarget.bind())
+        handle = serve.run(app, name="door", route_prefix=None)
+        # Under the graph's switches a handle routes on its caller's event loop.
+        seen: dict[str, Any] = await handle.check.remote()
+    finally:
+        await serve.shutdown_async()
+    seen["proxy_request_id"] = door.proxy_request_id()
+    return seen
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        print(json.dumps(asyncio.run(probe())), flush=True)
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""Prefix routing's pure parts: block keys, the engine's block set, the choice rule, the config.
+
+That the router's keys equal a real engine's is checked against vLLM's own
+server in ``tests/integration/test_kv_block_keys.py``; routing on a real
+two-replica graph in ``tests/integration/test_prefix_routing.py``.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import msgspec
+import pytest
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+
+from deployments.config.graph_config import GenerateOptions, GraphConfig
+from deployments.routing.block_keys import (
+    BlockEvents,
+    BlockKeying,
+    decode_events,
+    engine_keying,
+    event_key,
+)
+from deployments.routing.engine_blocks import EngineBlocks
+from deployments.routing.prefix_router import _Held, prefix_choice
+
+KEYING = BlockKeying(block_size=4, hash_algo="sha256", seed="vllm-none-hash")
+
+
+def test_keys_cover_full_blocks_only_and_chain_over_the_prefix() -> None:
+    tokens = list(range(100, 111))  # two full blocks and three tokens
+    keys = KEYING.keys(tokens)
+    assert len(keys) == 2
+    # A block's key depends on everything before it: same block, other first block.
+    other = KEYING.keys([1, 2, 3, 4, *tokens[4:8]])
+    assert other[1] != keys[1]
+    # A longer prompt with the same start has the same leading keys.
+    assert KEYING.keys([*tokens, 7, 8, 9, 10, 11])[:2] == keys
+
+
+def test_cache_salt_and_seed_change_every_key() -> None:
+    tokens = list(range(16))
+    plain = KEYING.keys(tokens)
+    salted = KEYING.keys(tokens, cache_salt="tenant-a")
+    reseeded = BlockKeying(block_size=4, hash_algo="sha256", seed="0").keys(tokens)
+    assert not set(plain) & set(salted)
+    assert not set(plain) & set(reseeded)
+    assert KEYING.keys(tokens, cache_salt="tenant-a") == salted
+
+
+def test_event_keys_are_the_low_64_bits_of_a_byte_hash() -> None:
+    assert event_key(b"\x00" * 24 + (5).to_bytes(8, "big")) == 5
+    assert event_key(b"\xff" * 32) == 2**64 - 1
+    assert event_key(42) == 42
+
+
+def _cache(**kw: object) -> SimpleNamespace:
+    base = {"enable_prefix_caching": True, "prefix_caching_hash_algo": "sha256", "block_size": 16}
+    return SimpleNamespace(cache_config=SimpleNamespace(**{**base, **kw}))
+
+
+def test_engine_keying_follows_vllms_seed_rules() -> None:
+    assert engine_keying(_cache(), env={}) == BlockKeying(16, "sha256", "vllm-none-hash")
+    assert engine_keying(_cache(), env={"PYTHONHASHSEED": "7"}) == BlockKeying(16, "sha256", "7")
+    # A random root per engine (xxhash without a seed), or no prefix cache: nothing to route on.
+    assert engine_keying(_cache(prefix_caching_hash_algo="xxhash"), env={}) is None
+    assert engine_keying(_cache(prefix_caching_hash_algo="xxhash"), env={"PYTHONHASHSEED": "1"})
+    assert engine_keying(_cache(enable_prefix_caching=False), env={}) is None
+
+
+def test_vllm_event_batches_decode_to_keys_in_order() -> None:
+    stored = BlockStored(
+        block_hashes=[b"\x00" * 31 + b"\x01", 2],
+        parent_block_hash=None,
+        token_ids=[1, 2, 3, 4, 5, 6, 7, 8],
+        block_size=4,
+        lora_id=None,
+        medium="GPU",
+        lora_name=None,
+    )
+    batch = KVEventBatch(
+        ts=0.0, events=[stored, BlockRemoved(block_hashes=[2], medium="GPU"), AllBlocksCleared()]
+    )
+    events = decode_events(msgspec.msgpack.encode(batch))
+    assert events == [
+        BlockEvents([1, 2], [], False),
+        BlockEvents([], [2], False),
+        BlockEvents([], [], True),
+    ]
+
+
+def test_engine_blocks_follow_stored_removed_and_cleared() -> None:
+    blocks = EngineBlocks(KEYING)
+    blocks.apply([BlockEvents([1, 2, 3], [], False), BlockEvents([], [2], False)])
+    assert (1 in blocks, 2 in blocks, 3 in blocks) == (True, False, True)
+    first = blocks.routing_stats()
+    held = _Held(first)
+    assert held.blocks == {1, 3} and held.keying == KEYING
+    blocks.apply([BlockEvents([9], [], True)])
+    assert len(blocks) == 1 and 9 in blocks
+    assert blocks.routing_stats()["version"] > first["version"]
+
+
+def test_the_longest_match_goes_first() -> None:
+    assert prefix_choice(10, {"a": 8, "b": 1}, {"a": 3, "b": 0}, 8, 0.1) == ["a"]
+    assert prefix_choice(10, {"a": 8, "b": 8, "c": 0}, {"a": 0, "b": 0, "c": 0}, 8, 0.1) == [
+        "a",
+        "b",
+    ]
+
+
+def test_no_match_or_a_small_gain_routes_by_load() -> None:
+    assert prefix_choice(10, {"a": 0, "b": 0}, {"a": 0, "b": 0}, 8, 0.1) == []
+    # One shared template block out of 20 is no reason to pile onto one replica.
+    assert prefix_choice(20, {"a": 1, "b": 0}, {"a": 0, "b": 0}, 8, 0.1) == []
+
+
+def test_a_much_busier_best_replica_routes_by_load() -> None:
+    # Within the imbalance the match wins; beyond it, load does.
+    assert prefix_choice(10, {"a": 9, "b": 0}, {"a": 11, "b": 3}, 8, 0.1) == ["a"]
+    assert prefix_choice(10, {"a": 9, "b": 0}, {"a": 12, "b": 3}, 8, 0.1) == []
+
+
+@pytest.mark.parametrize(
+    ("generate", "policy"),
+    [
+        ({}, "pow2"),
+        ({"num_replicas": 2}, "prefix"),
+        ({"autoscaling": {"min_replicas": 1, "max_replicas": 3}}, "prefix"),
+        ({"num_replicas": 2, "routing": "pow2"}, "pow2"),
+        ({"routing": "prefix"}, "prefix"),
+    ],
+)
+def test_prefix_routing_is_the_default_with_more_than_one_replica(
+    generate: dict[str, object], policy: str
+) -> None:
+    config = GraphConfig.from_args({"generate": generate})
+    assert isinstance(config.generate, GenerateOptions)
+    assert config.generate.routing_policy() == policy
+
+
+def test_bad_routing_options_name_the_key() -> None:
+    with pytest.raises(ValueError, match="routing"):
+        GraphConfig.from_args({"generate.routing": "random"})
+    with pytest.raises(ValueError, match="min_match_ratio"):
+        GraphConfig.from_args({"generate.prefix_routing.min_match_ratio": "2"})

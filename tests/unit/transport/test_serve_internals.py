@@ -1,0 +1,27 @@
+"""Each Ray Serve private symbol the graph reads (``deployments/transport/serve_internals.py``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from deployments.transport.serve_internals import proxy_request_id, replica_grpc_max_message_bytes
+
+
+def test_grpc_cap_is_read_from_serves_switch() -> None:
+    """Serve reads the switch as the process starts: a fresh process with it set sees it."""
+    code = (
+        "from deployments.transport.serve_internals import replica_grpc_max_message_bytes as m;"
+        "print(m())"
+    )
+    env = {**os.environ, "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(123 * 2**20)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == str(123 * 2**20), out.stderr
+    assert replica_grpc_max_message_bytes() > 0
+
+
+def test_proxy_request_ids_are_uuid_strings() -> None:
+    import uuid
+
+    assert uuid.UUID(proxy_request_id()).version == 4
