@@ -53,8 +53,9 @@ async def wait_routed(response: Any, handle: DeploymentHandle[Any]) -> bool:
     if future is None or future.done():
         return True
     # A concurrent future when the router runs on its own loop (Serve's default).
-    threaded = isinstance(future, concurrent.futures.Future)
-    waiter = asyncio.wrap_future(future) if threaded else future
+    waiter: asyncio.Future[Any] = (
+        asyncio.wrap_future(future) if isinstance(future, concurrent.futures.Future) else future
+    )
     while not no_replica_to_route_to(handle):
         done, _ = await asyncio.wait({waiter}, timeout=ROUTE_CHECK_S)
         if done:

@@ -10,6 +10,7 @@ graph behaves as Serve alone would.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import logging.handlers
@@ -112,7 +113,7 @@ def router_view(handle: DeploymentHandle[Any]) -> RouterView | None:
 
 def assignment_future(
     response: Any,
-) -> concurrent.futures.Future[Any] | Awaitable[Any] | None:
+) -> concurrent.futures.Future[Any] | asyncio.Future[Any] | None:
     """The future a handle call's response holds until Serve's router has given the
     call a replica (``DeploymentResponse._replica_result_future``, and the same on
     ``DeploymentResponseGenerator``); None if unknown."""
