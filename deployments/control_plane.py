@@ -24,6 +24,7 @@ from typing import Any
 
 from ray import serve
 from ray.exceptions import RayActorError
+from ray.serve.deployment import Deployment
 
 from deployments.messages.control import CommandKind, ControlCommand, EngineState, Tier
 from deployments.transport.serve_internals import ping_actor
@@ -199,3 +200,9 @@ async def _ping(actor: Any) -> None:
 def _ints(results: list[Any]) -> list[int]:
     """Answers that came back as counts."""
     return [r for r in results if isinstance(r, int)]
+
+
+def control_plane_deployment() -> Deployment:
+    """The control plane as its class declares it: one small replica, no options."""
+    deployment: Deployment = ControlPlane  # type: ignore[assignment]  # made one by @serve.deployment
+    return deployment

@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from ray import serve
+from ray.serve.deployment import Deployment
 from ray.serve.handle import DeploymentHandle
 from vllm.entrypoints.openai.chat_completion.protocol import (
     ChatCompletionResponse,
@@ -249,4 +250,19 @@ def _derender_event(chunk: Any) -> str:
             ],
             usage=chunk.usage,
         )
+    )
+
+
+def derender_max_replicas(config: GraphConfig) -> int:
+    """The most Derender replicas ``config`` allows: each may hold a step channel on
+    every Generate replica."""
+    return config.derender.max_replicas(DERENDER_AUTOSCALING["max_replicas"])
+
+
+def derender_deployment(config: GraphConfig, channel_callers: int) -> Deployment:
+    """Derender as ``config`` asks for it, with a slot on each replica for each of the
+    ``channel_callers`` (Ingress replicas) that may hold a step channel there."""
+    deployment = config.derender.applied_to(Derender)
+    return deployment.options(
+        max_ongoing_requests=deployment.max_ongoing_requests + channel_callers
     )

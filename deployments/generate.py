@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from ray import serve
+from ray.serve.deployment import Deployment
 from ray.serve.handle import DeploymentHandle
 from starlette.datastructures import State
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
@@ -42,6 +43,7 @@ from deployments.routing.engine_blocks import (
     events_endpoint,
 )
 from deployments.routing.pinned_router import PINNED_ROUTING
+from deployments.routing.prefix_router import prefix_routing
 from deployments.text.output import TextOutput, tokens_request
 from deployments.transport.coalesce import coalesced
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
@@ -323,3 +325,28 @@ class Generate(ChannelSource):
         engine = getattr(self, "_engine", None)
         if engine is not None and hasattr(engine, "shutdown"):
             engine.shutdown()
+
+
+def generate_deployment(config: GraphConfig, channel_callers: int) -> Deployment:
+    """Generate as ``config`` asks for it: its replicas and resources, its engine's
+    environment and GPUs, how callers choose a replica, and a slot on each replica
+    for each of the ``channel_callers`` replicas that may hold a step channel there
+    (Serve counts a channel call as an ongoing request; ``step_channel.py``)."""
+    actor: dict[str, Any] = {"runtime_env": {"env_vars": engine_env(config)}}
+    if config.num_gpus:
+        actor["num_gpus"] = config.num_gpus
+    deployment = config.generate.applied_to(Generate, actor)
+    deployment = deployment.options(
+        max_ongoing_requests=deployment.max_ongoing_requests + channel_callers
+    )
+    if config.generate.routing_policy() == "prefix":
+        thresholds = config.generate.prefix_routing
+        deployment = deployment.options(
+            request_router_config=prefix_routing(
+                imbalance=thresholds.imbalance,
+                min_match_ratio=thresholds.min_match_ratio,
+                stats_period_s=thresholds.stats_period_s,
+                engine_events=thresholds.engine_events,
+            )
+        )
+    return deployment

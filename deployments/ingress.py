@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, TypeAdapter
 from ray import serve
+from ray.serve.deployment import Deployment
 from ray.serve.handle import DeploymentHandle
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
@@ -352,3 +353,13 @@ class Ingress:
         task = asyncio.create_task(call(ending, self._control))
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
+
+
+def ingress_max_replicas(config: GraphConfig) -> int:
+    """The most Ingress replicas ``config`` allows: each may hold a step channel on
+    every Derender replica."""
+    return config.ingress.max_replicas(INGRESS_REPLICAS)
+
+
+def ingress_deployment(config: GraphConfig) -> Deployment:
+    return config.ingress.applied_to(Ingress)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from ray import serve
+from ray.serve.deployment import Deployment
 from starlette.datastructures import State
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
@@ -108,3 +109,7 @@ class Render:
         """Serve's health probe: the renderer must exist."""
         if getattr(self._state, "serving_render", None) is None:
             raise RuntimeError("render state is not initialised")
+
+
+def render_deployment(config: GraphConfig) -> Deployment:
+    return config.render.applied_to(Render)

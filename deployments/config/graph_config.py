@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from ray.serve.deployment import Deployment
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY_MODEL = REPO_ROOT / "models" / "tiny-chat"
@@ -88,6 +89,24 @@ class DeploymentOptions(_Strict):
                     "(num_cpus and num_gpus set CPUs and GPUs)"
                 )
         return self
+
+    def max_replicas(self, class_default: int) -> int:
+        """The most replicas the deployment can have (``class_default``: its own bound)."""
+        if self.num_replicas is not None:
+            return self.num_replicas
+        return self.autoscaling.max_replicas if self.autoscaling is not None else class_default
+
+    def applied_to(self, deployment: Any, actor: dict[str, Any] | None = None) -> Deployment:
+        """``deployment`` (a class ``@serve.deployment`` made one) with these replicas
+        and resources over its own defaults, and ``actor`` (more Ray actor options) on
+        top of its own."""
+        actor_options = dict(deployment.ray_actor_options or {})
+        actor_options.update(actor or {})
+        if self.num_cpus is not None:
+            actor_options["num_cpus"] = self.num_cpus
+        if self.resources is not None:
+            actor_options["resources"] = {**actor_options.get("resources", {}), **self.resources}
+        return deployment.options(ray_actor_options=actor_options, **self.to_serve())
 
     def to_serve(self) -> dict[str, Any]:
         """Keyword arguments for ``Deployment.options``; only what was set."""
