@@ -15,16 +15,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from bench.arrivals import parse_ramp
+from bench.clients import CLIENTS
+from bench.experiment import GridSpec, run_grid
+from bench.report import write_report
+from bench.shapes import SHAPES
+from bench.topology import CONFIGS
+from deployments.config.graph_config import TINY_MODEL
 from deployments.config.topologies import app_config
 
-from .arrivals import parse_ramp
-from .clients import CLIENTS
-from .experiment import GridSpec, run_grid
-from .report import write_report
-from .shapes import SHAPES
-from .topology import CONFIGS
-
-DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "models" / "tiny-chat")
+DEFAULT_MODEL = str(TINY_MODEL)
 
 
 def _list(text: str) -> list[str]:

@@ -33,16 +33,15 @@ from pathlib import Path
 import httpx
 import psutil
 
+from bench.arrivals import Phase, arrival_times
+from bench.cells import run_cell, wait_engines_idle
+from bench.clients import CLIENTS, Client
+from bench.harness.servers import running_vllm_as_graph
+from bench.shapes import BenchRequest, make_requests
+from bench.stats import CellSummary, summarize
+from bench.topology import CONFIGS, Overrides, running_topology
+from deployments.config.graph_config import TINY_MODEL
 from deployments.config.topologies import app_config
-from tests.support.servers import running_vllm_as_graph
-
-from .__main__ import DEFAULT_MODEL
-from .arrivals import Phase, arrival_times
-from .cells import run_cell, wait_engines_idle
-from .clients import CLIENTS, Client
-from .shapes import BenchRequest, make_requests
-from .stats import CellSummary, summarize
-from .topology import CONFIGS, Overrides, running_topology
 
 SERVERS = ("vllm", "I", "S")
 WARM_UP = 8
@@ -86,7 +85,7 @@ def _client(name: str) -> Client:
 
 def _requests(args: argparse.Namespace, n: int, seed: int) -> list[BenchRequest]:
     return make_requests(
-        args.shape, n, model=DEFAULT_MODEL, length_scale=args.length_scale, seed=seed
+        args.shape, n, model=str(TINY_MODEL), length_scale=args.length_scale, seed=seed
     )
 
 

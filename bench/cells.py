@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import httpx
 from tqdm import tqdm
 
-from .clients import Client, issue, monotonic_clock
-from .metrics import engine_busy
-from .shapes import BenchRequest
-from .stats import RequestRecord
+from bench.clients import Client, issue, monotonic_clock
+from bench.metrics import engine_busy
+from bench.shapes import BenchRequest
+from bench.stats import RequestRecord
 
 NOT_DRAINED = "not drained: cancelled at the end of the drain budget"
 

@@ -24,8 +24,8 @@ from typing import Any
 
 import httpx
 
-from .shapes import BenchRequest
-from .stats import RequestRecord
+from bench.shapes import BenchRequest
+from bench.stats import RequestRecord
 
 Clock = Callable[[], float]
 Client = Callable[[httpx.AsyncClient, BenchRequest, RequestRecord, Clock], Awaitable[None]]

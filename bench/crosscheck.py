@@ -31,13 +31,13 @@ from typing import Any
 
 import httpx
 
-from .__main__ import DEFAULT_MODEL
-from .arrivals import Phase, arrival_times
-from .cells import run_cell, wait_engines_idle
-from .clients import CLIENTS
-from .shapes import BenchRequest, make_requests
-from .stats import percentile, summarize
-from .topology import Overrides, running_topology
+from bench.arrivals import Phase, arrival_times
+from bench.cells import run_cell, wait_engines_idle
+from bench.clients import CLIENTS
+from bench.shapes import BenchRequest, make_requests
+from bench.stats import percentile, summarize
+from bench.topology import Overrides, running_topology
+from deployments.config.graph_config import TINY_MODEL
 
 
 def vllm_bench(url: str, requests: list[BenchRequest], rps: float, out: Path) -> dict[str, Any]:
@@ -151,7 +151,7 @@ def main() -> None:
     cli.add_argument("--length-scale", type=float, default=0.25)
     cli.add_argument("--seed", type=int, default=0)
     cli.add_argument("--url", default=None)
-    cli.add_argument("--model", default=DEFAULT_MODEL)
+    cli.add_argument("--model", default=str(TINY_MODEL))
     cli.add_argument("--out", type=Path, required=True)
     args = cli.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

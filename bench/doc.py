@@ -19,10 +19,9 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from bench.report import cpu_per_1k_table, load, load_table, markdown_table
+from bench.topology import CONFIGS
 from deployments.config.topologies import app_config
-
-from .report import cpu_per_1k_table, load, load_table, markdown_table
-from .topology import CONFIGS
 
 SHAPE_RANGES = {"chat": (128, 512), "tools": (64, 256), "reasoning": (2048, 8192)}
 

@@ -36,8 +36,8 @@ from typing import Any
 import httpx
 import psutil
 
+from bench.harness.servers import TINY_MODEL, running_graph
 from bench.metrics import running_requests
-from tests.support.servers import TINY_MODEL, running_graph
 
 KEPT = "<!-- notes below are kept when the command rewrites this file -->"
 CHAT = {"model": str(TINY_MODEL), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}

@@ -21,13 +21,13 @@ from typing import Any
 
 import httpx
 
-from .arrivals import Phase, arrival_times
-from .cells import run_cell, wait_engines_idle
-from .clients import CLIENTS
-from .observe import Observer, cpu_between
-from .shapes import make_requests
-from .stats import CellSummary, summarize
-from .topology import Overrides, app_name, running_topology
+from bench.arrivals import Phase, arrival_times
+from bench.cells import run_cell, wait_engines_idle
+from bench.clients import CLIENTS
+from bench.observe import Observer, cpu_between
+from bench.shapes import make_requests
+from bench.stats import CellSummary, summarize
+from bench.topology import Overrides, app_name, running_topology
 
 WARMUP_REQUESTS = 2
 

@@ -20,7 +20,7 @@ import json
 import shutil
 from pathlib import Path
 
-from .__main__ import DEFAULT_MODEL
+from deployments.config.graph_config import TINY_MODEL
 
 SHAPE = {
     "hidden_size": 256,
@@ -40,7 +40,7 @@ TOKENIZER_FILES = (
 SEED = 0
 
 
-def build(out: Path, source: Path = Path(DEFAULT_MODEL)) -> Path:
+def build(out: Path, source: Path = TINY_MODEL) -> Path:
     """The model at ``out`` (built once: an existing one is kept)."""
     if (out / "config.json").exists():
         return out

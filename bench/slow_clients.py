@@ -31,7 +31,7 @@ import httpx
 import psutil
 
 from bench.cli import reproducing_command
-from tests.support.servers import TINY_MODEL, running_graph
+from bench.harness.servers import TINY_MODEL, running_graph
 
 API_KEY = "bench-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

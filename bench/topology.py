@@ -17,10 +17,10 @@ from typing import Any
 
 import yaml
 
+from bench.harness.servers import REPO, VENV_BIN, free_port, running
 from deployments.config.graph_config import nest_dotted
 from deployments.config.serve_env import SERVE_ENV
 from deployments.config.topologies import app_config, gpu_topology_app, serve_config
-from tests.support.servers import REPO, VENV_BIN, free_port, running
 
 CONFIGS = REPO / "configs"
 

@@ -34,6 +34,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: scripts/ is not a package on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from deployments.config.graph_config import REPO_ROOT, TINY_MODEL
 from scripts.model_check import (
     EXACT_FILES,
     MAX_ABS_DIFF,
@@ -44,9 +45,8 @@ from scripts.model_check import (
     weight_problems,
 )
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO / "models" / "tiny-chat"
-TEMPLATE = REPO / "models" / "tiny_chat_template.jinja"
+DEFAULT_OUT = TINY_MODEL
+TEMPLATE = REPO_ROOT / "models" / "tiny_chat_template.jinja"
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Qwen3 marks these as added but not special: they survive skip_special_tokens,

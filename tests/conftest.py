@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 # Snapshot the environment before any test module imports vLLM (see servers.py).
-import tests.support.servers  # noqa: F401
-from tests.support import sse_reader
+import bench.harness.servers  # noqa: F401
+from bench.harness import sse_reader
 
 TESTS = Path(__file__).resolve().parent
 SUITES = ("unit", "integration", "e2e", "cluster")

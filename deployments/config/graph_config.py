@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
-from ray.serve.deployment import Deployment
+
+if TYPE_CHECKING:
+    from ray.serve.deployment import Deployment
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY_MODEL = REPO_ROOT / "models" / "tiny-chat"

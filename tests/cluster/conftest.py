@@ -15,14 +15,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.cluster import (
+from bench.harness.cluster import (
     ClusterShape,
     LocalCluster,
     deploy_rayservice,
     local_cluster,
     set_client_env,
 )
-from tests.support.kustomize import overlay
+from bench.harness.kustomize import overlay
 
 FULL = os.environ.get("SCALEOUT_CLUSTER_FULL") == "1"
 OVERLAY = "cpu"

@@ -16,9 +16,8 @@ import psutil
 import pytest
 
 from bench.arrivals import Phase
-from tests.cluster.conftest import FULL, ClusterGraph
-from tests.support.cluster import HEAD_GROUP, LocalCluster
-from tests.support.cluster_load import (
+from bench.harness.cluster import HEAD_GROUP, LocalCluster
+from bench.harness.cluster_load import (
     TIER,
     OpenLoop,
     Sent,
@@ -27,7 +26,8 @@ from tests.support.cluster_load import (
     engine_requests,
     outcome,
 )
-from tests.support.sse_reader import Stream
+from bench.harness.sse_reader import Stream
+from tests.cluster.conftest import FULL, ClusterGraph
 
 ENGINE_GROUP = "engine"
 CPU_GROUP = "cpu-text"

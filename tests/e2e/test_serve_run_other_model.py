@@ -15,6 +15,7 @@ import httpx
 import pytest
 import yaml
 
+from bench.harness.servers import TINY_MODEL, VENV_BIN, free_port, running
 from deployments.config.serve_env import SERVE_ENV
 from tests.integration.test_parity_vllm import (
     LOGPROB_TOLERANCE,
@@ -22,7 +23,6 @@ from tests.integration.test_parity_vllm import (
     streamed,
     unary,
 )
-from tests.support.servers import TINY_MODEL, VENV_BIN, free_port, running
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.harness.servers import TINY_MODEL
 from bench.topology import CONFIGS, Overrides, running_topology
 from deployments.config.topologies import serve_config
-from tests.support.servers import TINY_MODEL
 
 MODEL = str(TINY_MODEL)
 HI = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 0}

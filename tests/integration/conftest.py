@@ -20,15 +20,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.metrics import running_requests
-from deployments.routing.block_keys import kv_events_config
-from tests.support.servers import (
+from bench.harness.servers import (
     TINY_MODEL,
     Server,
     running_graph,
     running_vllm_as_graph,
     running_vllm_render,
 )
+from bench.metrics import running_requests
+from deployments.routing.block_keys import kv_events_config
 
 MODEL = str(TINY_MODEL)
 GRAPH_ARGS = {
@@ -40,8 +40,8 @@ GRAPH_ARGS = {
     # The tiny engine streams ~2,000 tokens/s per request; on 2 cores the one
     # HTTP proxy falls behind four such streams at the 10 ms default.
     "stream_coalesce_ms": 50,
-    # Lets a test pace its own requests' decode steps (tests/support/paced_decode.py).
-    "logits_processors": ["tests.support.paced_decode:PacedDecode"],
+    # Lets a test pace its own requests' decode steps (bench/harness/paced_decode.py).
+    "logits_processors": ["bench.harness.paced_decode:PacedDecode"],
     # Two apps share this 2-core host; logical CPUs only steer scheduling.
     "ingress": {"num_cpus": 0.05},
     "generate": {"num_cpus": 0.3},

@@ -13,15 +13,15 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from bench.harness.sse_reader import Stream, start_together
 from tests.integration.test_failure_semantics import (
     HANG_GUARD_S,
     long_body,
     running_requests,
     wait_idle,
 )
-from tests.support.sse_reader import Stream, start_together
 
-# Paced streams (tests/support/paced_decode.py): at full speed the tiny engine
+# Paced streams (bench/harness/paced_decode.py): at full speed the tiny engine
 # makes ~2,000 tokens/s per stream, so three of them finish before an abort can
 # reach them and flood Serve's one HTTP proxy on this 2-core host. Paced, each
 # stream lasts at least TOKENS × PACE_MS (8 s) on any host and costs next to nothing.

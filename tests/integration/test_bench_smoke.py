@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.servers import REPO, Server
+from bench.harness.servers import REPO, Server
 
 TOPOLOGIES = ["G", "T", "B", "BP", "S", "I"]
 

@@ -9,10 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.harness.servers import Server
 from tests.integration.conftest import MODEL
 from tests.integration.test_parity_vllm import SHAPES
 from tests.integration.test_skeleton import rendered, sse_payloads
-from tests.support.servers import Server
 
 
 def test_placement_header_routes_and_is_echoed(client: httpx.Client) -> None:

@@ -19,8 +19,8 @@ import httpx
 import psutil
 
 from bench.engine_death import CHAT, engine_core, replica_processes
+from bench.harness.servers import Server
 from tests.integration.test_failure_semantics import HANG_GUARD_S, running_requests
-from tests.support.servers import Server
 
 NO_LIVE_GENERATE = "no Generate replica is running"
 

@@ -13,14 +13,14 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.harness.servers import Server
+from bench.harness.sse_reader import Stream
 from bench.metrics import running_requests as parse_running_requests
 from tests.integration.conftest import API_KEY, AUTH, MODEL, TOKENS_ONLY_PREFIX
 from tests.integration.test_skeleton import rendered, sse_payloads
-from tests.support.servers import Server
-from tests.support.sse_reader import Stream
 
 # Streams that are still running when the test acts on them, on any host: paced
-# (tests/support/paced_decode.py), each lasts at least LONG × LONG_PACE_MS (80 s).
+# (bench/harness/paced_decode.py), each lasts at least LONG × LONG_PACE_MS (80 s).
 LONG = 4000
 LONG_PACE_MS = 20
 # How long a test waits for what must happen (a slot freed, engines idle): far
@@ -53,7 +53,7 @@ def long_body(
     """(path, body, headers) of a long streamed request of one kind.
 
     ``pace_ms`` holds each engine step of the request that long
-    (``tests/support/paced_decode.py``): long in time, light in load.
+    (``bench/harness/paced_decode.py``): long in time, light in load.
     """
     chat: dict[str, Any] = {
         "model": MODEL,
@@ -169,7 +169,7 @@ def test_overload_is_503_before_any_byte_and_held_requests_complete(
 ) -> None:
     """The tokens-only Generate takes one request and queues one more; the rest get 503.
 
-    The request that holds the one slot is paced (``tests/support/paced_decode.py``)
+    The request that holds the one slot is paced (``bench/harness/paced_decode.py``)
     to last at least ``hold_tokens × hold_pace_ms`` (6 s), however fast or slow the
     host is, and the excess is sent only once the engine reports it running. So the
     excess always meets a full replica: one of it waits in the queue, the others

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.harness.servers import Server
 from tests.integration.conftest import MODEL
-from tests.support.servers import Server
 
 DEEP = 5000
 """Deeper than either server's JSON parser takes."""

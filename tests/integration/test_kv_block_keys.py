@@ -17,9 +17,9 @@ import httpx
 import pytest
 import zmq
 
+from bench.harness.servers import Server
 from deployments.routing.block_keys import BlockKeying, decode_events
 from tests.integration.conftest import MODEL
-from tests.support.servers import Server
 
 # vLLM's CPU attention block; the engine's events carry it too, checked below.
 CPU_BLOCK_SIZE = 128

@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.harness.servers import Server
 from scripts.build_tiny_model import TIME_TOOL, WEATHER_TOOL
 from tests.integration.conftest import AUTH, MODEL, TOKENS_ONLY_PREFIX
 from tests.integration.test_skeleton import sse_payloads
-from tests.support.servers import Server
 
 
 def chat(content: str, **extra: Any) -> dict[str, Any]:

@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import psutil
 
+from bench.harness.servers import Server
 from tests.integration.conftest import MODEL
 from tests.integration.test_engine_death import wait_all_back
 from tests.integration.test_failure_semantics import HANG_GUARD_S
-from tests.support.servers import Server
 
 WORDS = [
     "alpha",

@@ -26,10 +26,10 @@ import httpx
 import pytest
 
 from bench.engine_death import replica_processes
+from bench.harness.servers import Server
 from tests.integration.conftest import API_KEY, MODEL, TOKENS_ONLY_PREFIX
 from tests.integration.test_failure_semantics import HANG_GUARD_S, wait_idle
 from tests.support.request_fuzz import Case, cases, verdict
-from tests.support.servers import Server
 
 CASES = int(os.environ.get("SCALEOUT_FUZZ_CASES", "180"))
 SEED = int(os.environ.get("SCALEOUT_FUZZ_SEED", "20261130"))

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.harness.sse_reader import Stream
 from tests.integration.conftest import MODEL
 from tests.integration.test_failure_semantics import (
     HANG_GUARD_S,
@@ -23,9 +24,8 @@ from tests.integration.test_failure_semantics import (
     running_requests,
     wait_idle,
 )
-from tests.support.sse_reader import Stream
 
-# Paced (tests/support/paced_decode.py): at least TOKENS x PACE_MS (3 s) on any host,
+# Paced (bench/harness/paced_decode.py): at least TOKENS x PACE_MS (3 s) on any host,
 # long enough for a second request to start and finish beside the first.
 TOKENS = 300
 PACE_MS = 10

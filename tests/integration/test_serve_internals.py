@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from bench.harness.servers import PRISTINE_ENV, REPO, VENV_BIN
 from deployments.config.serve_env import SERVE_ENV
-from tests.support.servers import PRISTINE_ENV, REPO, VENV_BIN
 
 
 @pytest.fixture(scope="module")

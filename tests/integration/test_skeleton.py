@@ -10,9 +10,9 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
+from bench.harness.servers import Server
 from scripts.build_tiny_model import TIME_TOOL, WEATHER_TOOL
 from tests.integration.conftest import AUTH, MODEL, TOKENS_ONLY_PREFIX
-from tests.support.servers import Server
 
 HI = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 

@@ -227,7 +227,7 @@ def test_the_control_plane_replica_does_not_import_vllm() -> None:
     import subprocess
     import sys
 
-    from tests.support.servers import REPO
+    from bench.harness.servers import REPO
 
     probe = (
         "import sys, deployments.control_plane; print(sorted({'vllm', 'torch'} & set(sys.modules)))"

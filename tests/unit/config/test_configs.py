@@ -11,9 +11,9 @@ import yaml
 from pydantic import BaseModel
 from ray.serve.schema import ServeDeploySchema
 
+from bench.harness.servers import REPO
 from deployments.config.graph_config import GraphConfig
 from deployments.config.topologies import TOPOLOGIES
-from tests.support.servers import REPO
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 

@@ -6,8 +6,8 @@ import re
 
 import yaml
 
+from bench.harness.servers import REPO
 from deployments.config.serve_env import SERVE_ENV
-from tests.support.servers import REPO
 
 EXPORT = re.compile(r"^export (RAY_\w+) \?= (\S+)$", re.MULTILINE)
 

@@ -19,11 +19,11 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
     GenerateTokensStreamResponse,
 )
 
+from bench.harness.servers import TINY_MODEL
 from deployments.config.graph_config import GraphConfig
 from deployments.render import build_render_state
 from deployments.text.stream_derenderer import ChatStreamDerenderer
 from scripts.build_tiny_model import WEATHER_TOOL
-from tests.support.servers import TINY_MODEL
 
 MODEL = str(TINY_MODEL)
 CASES: dict[str, tuple[str, dict[str, Any]]] = {

@@ -194,7 +194,8 @@ def test_every_topology_has_a_bench_client() -> None:
 
 
 def test_routing_bench_reads_the_engines_prefix_counters_and_turn_placement() -> None:
-    from bench.routing import Result, Turn, prefix_counters
+    from bench.routing.results import Result, Turn
+    from bench.routing.study import prefix_counters
 
     metrics = "\n".join(
         [
@@ -218,7 +219,7 @@ def test_routing_bench_reads_the_engines_prefix_counters_and_turn_placement() ->
     assert result.hit_rate == 0.4
     assert result.stayed() == 0.5
     assert result.per_replica() == [3, 1]
-    from bench.routing_report import rows
+    from bench.routing.report import rows
 
     # First turns 100 and 90 ms, later turns 50 and 80 ms.
     assert rows([result])[-1].endswith("| 95 / 65 |")
@@ -245,8 +246,8 @@ def test_prefill_model_has_the_embedded_tokenizer_and_factor_times_its_layer_wei
 
     from safetensors import safe_open
 
+    from bench.harness.servers import TINY_MODEL
     from bench.prefill_model import FACTOR, TOKENIZER_FILES, build
-    from tests.support.servers import TINY_MODEL
 
     out = build(tmp_path / "m")
 

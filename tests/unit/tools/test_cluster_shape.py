@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.multinode_report import second_half, slope_per_minute
-from tests.support.cluster import HEAD_GROUP, ClusterShape
-from tests.support.kustomize import overlay
+from bench.harness.cluster import HEAD_GROUP, ClusterShape
+from bench.harness.kustomize import overlay
+from bench.multinode.report import second_half, slope_per_minute
 
 
 def test_the_cpu_overlay_gives_the_node_groups_as_ray_resources() -> None:

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
+from bench.harness.kustomize import kustomize
+from bench.harness.servers import REPO
 from deployments.config.graph_config import GraphConfig
 from tests.support.crd import KUBERAY, all_errors, schema_errors, to_json_schema
-from tests.support.kustomize import kustomize
-from tests.support.servers import REPO
 from tests.unit.config.test_configs import unknown_keys
 
 OVERLAYS = sorted(p.name for p in (REPO / "k8s" / "overlays").iterdir())

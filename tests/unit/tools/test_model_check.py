@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.harness.servers import TINY_MODEL
 from scripts import model_check
 from scripts.model_check import (
     MAX_ABS_DIFF,
@@ -17,7 +18,6 @@ from scripts.model_check import (
     tensor_diffs,
     weight_differences,
 )
-from tests.support.servers import TINY_MODEL
 
 
 @pytest.fixture

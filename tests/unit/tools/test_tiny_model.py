@@ -7,7 +7,7 @@ import sys
 
 from transformers import AutoTokenizer
 
-from tests.support.servers import REPO, TINY_MODEL
+from bench.harness.servers import REPO, TINY_MODEL
 
 
 def test_tokenizer_has_the_chat_and_parser_tokens() -> None:

@@ -38,7 +38,7 @@ def test_namespace_folds_reasoning_parser_into_structured_outputs() -> None:
 
 
 def test_logits_processors_reach_the_engine_only() -> None:
-    names = ["tests.support.paced_decode:PacedDecode", "pkg.mod:Other"]
+    names = ["bench.harness.paced_decode:PacedDecode", "pkg.mod:Other"]
     config = GraphConfig.from_args({"logits_processors": names})
     args = serve_namespace(config, role="generate")
     assert args.logits_processors == names

@@ -22,11 +22,11 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
     GenerateTokensStreamResponse,
 )
 
+from bench.harness.servers import TINY_MODEL
 from deployments.config.graph_config import GraphConfig
 from deployments.render import build_render_state
 from deployments.vllm_adapter import internals as vi
 from deployments.vllm_adapter.engine_args import serve_namespace
-from tests.support.servers import TINY_MODEL
 
 
 @contextlib.contextmanager

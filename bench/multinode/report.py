@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .multinode import CPU_GROUP, RampResult, SoakResult
+from bench.multinode.results import CPU_GROUP, RampResult, SoakResult
 
 
 def slope_per_minute(points: list[tuple[float, float]]) -> float | None:
@@ -120,7 +120,7 @@ def write(
         f"`{command}`",
         "",
         f"Host: {args.host}, one machine. A local Ray cluster shaped like "
-        "`k8s/overlays/cpu` (`tests/support/cluster.py`): a head with "
+        "`k8s/overlays/cpu` (`bench/harness/cluster.py`): a head with "
         f"{shape['head_cpus']:g} CPUs, node groups {groups}, idle nodes removed after "
         f"{shape['idle_timeout_s']:g} s. The Ray autoscaler (v2) adds and removes worker "
         "nodes through its fake multi-node provider: each node is a real raylet on this "

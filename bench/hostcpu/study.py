@@ -5,7 +5,7 @@
 vLLM's coupled OpenAI server (``python -m vllm.entrypoints.openai.api_server``)
 and then the graph (``serve run`` of one app, one Generate and one Derender
 replica) serve the same model with the same parsers. Every engine step is held
-``--pace-ms`` by the test logits processor (``tests/support/paced_decode.py``,
+``--pace-ms`` by the test logits processor (``bench/harness/paced_decode.py``,
 a sleep: a GPU-like pace that costs no CPU). ``--streams`` chat streams of
 ``--tokens`` tokens each (``ignore_eos``) run at once against:
 
@@ -40,12 +40,12 @@ from typing import Any
 import httpx
 import psutil
 
-from bench.hostcpu_report import Result, report, row
+from bench.harness.servers import TINY_MODEL, Server, running_graph, running_vllm_as_graph
+from bench.hostcpu.report import Result, report, row
 from bench.metrics import engine_steps
 from bench.observe import sample, tree_cpu_s
-from tests.support.servers import TINY_MODEL, Server, running_graph, running_vllm_as_graph
 
-PACED = "tests.support.paced_decode:PacedDecode"
+PACED = "bench.harness.paced_decode:PacedDecode"
 PROMPTS = [
     "think: what is 2 plus 3?",
     "What is the weather in Paris?",
@@ -294,7 +294,3 @@ def main() -> None:
     print(text)
     if args.out is not None:
         args.out.write_text(text)
-
-
-if __name__ == "__main__":
-    main()

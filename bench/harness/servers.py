@@ -22,6 +22,8 @@ import httpx
 import psutil
 import yaml
 
+from deployments.config.graph_config import REPO_ROOT as REPO
+from deployments.config.graph_config import TINY_MODEL
 from deployments.config.serve_env import SERVE_ENV
 
 # The environment before any test module imports vLLM: importing it rewrites
@@ -30,9 +32,7 @@ from deployments.config.serve_env import SERVE_ENV
 # imports this module first, so the snapshot is taken before collection.
 PRISTINE_ENV = dict(os.environ)
 
-REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
-TINY_MODEL = REPO / "models" / "tiny-chat"
 
 
 def free_port() -> int:

@@ -35,23 +35,21 @@ import platform
 import random
 import re
 import time
-from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from deployments.config.graph_config import nest_dotted
+from bench import prefill_model
+from bench.cli import reproducing_command
+from bench.clients import carries_output
+from bench.harness.servers import running_graph
+from bench.routing.report import write
+from bench.routing.results import Result, Turn
+from bench.topology import CONFIGS
+from deployments.config.graph_config import TINY_MODEL, nest_dotted
 from deployments.config.topologies import app_config
-from tests.support.servers import running_graph
-
-from . import prefill_model
-from .__main__ import DEFAULT_MODEL
-from .cli import reproducing_command
-from .clients import carries_output
-from .stats import percentile
-from .topology import CONFIGS
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "sigma", "omega"]
 INLINE = {"X-Text-Placement": "inline"}
@@ -69,44 +67,6 @@ VARIANTS: dict[str, tuple[int, dict[str, Any]]] = {
     ),
 }
 DEFAULT_RUNS = "1 replica,pow2,prefix"
-
-
-@dataclass
-class Turn:
-    conversation: int
-    turn: int
-    sent_s: float
-    ttft_ms: float | None = None
-    replica: str | None = None
-    error: str | None = None
-
-
-@dataclass
-class Result:
-    run: str
-    workload: str
-    turns: list[Turn] = field(default_factory=list)
-    hits: float = 0.0
-    queries: float = 0.0
-    wall_s: float = 0.0
-
-    @property
-    def hit_rate(self) -> float | None:
-        return self.hits / self.queries if self.queries else None
-
-    def ttft(self, q: float) -> float | None:
-        return percentile([t.ttft_ms for t in self.turns if t.ttft_ms is not None], q)
-
-    def per_replica(self) -> list[int]:
-        return sorted(Counter(t.replica for t in self.turns if t.replica).values(), reverse=True)
-
-    def stayed(self) -> float | None:
-        """Share of later turns served where the conversation's first turn was."""
-        first = {t.conversation: t.replica for t in self.turns if t.turn == 0}
-        later = [t for t in self.turns if t.turn > 0 and t.replica]
-        if not later:
-            return None
-        return sum(t.replica == first.get(t.conversation) for t in later) / len(later)
 
 
 def prefix_counters(metrics: str) -> tuple[float, float]:
@@ -262,7 +222,7 @@ def run_all(args: Any, work: Path) -> list[Result]:
     work.mkdir(parents=True, exist_ok=True)
     runs = args.runs.split(",")
     results = {run: (Result(run, "shared"), Result(run, "unique")) for run in runs}
-    model = None if args.model == DEFAULT_MODEL else args.model
+    model = None if args.model == str(TINY_MODEL) else args.model
     apps = graph_apps(runs, args.cpu_cores, model)
     with running_graph(work, apps, timeout_s=900) as server:
         for run in runs:
@@ -297,7 +257,7 @@ def main() -> None:
         help="generate.cpu_cores: each engine bound to cores of its own (default: unbound)",
     )
     parser.add_argument("--repeat", type=int, default=2, help="passes of each workload per graph")
-    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--model", default=str(TINY_MODEL))
     parser.add_argument(
         "--prefill-heavy",
         action="store_true",
@@ -315,8 +275,6 @@ def main() -> None:
     args.host = f"{platform.machine()}, {os.cpu_count()} CPUs"
     if args.prefill_heavy:
         args.model = str(prefill_model.build(args.work / "prefill-heavy"))
-    from .routing_report import write
-
     saved = args.work / "results.json"
     if args.report_only:
         results = [
@@ -332,7 +290,3 @@ def main() -> None:
     )
     write(results, args, command, args.out)
     print(args.out.read_text())
-
-
-if __name__ == "__main__":
-    main()

@@ -41,8 +41,8 @@ import httpx
 import psutil
 import yaml
 
+from bench.harness.servers import PRISTINE_ENV, REPO, VENV_BIN, free_port
 from deployments.config.serve_env import SERVE_ENV
-from tests.support.servers import PRISTINE_ENV, REPO, VENV_BIN, free_port
 
 # The fake provider's ids (ray.autoscaler._private.fake_multi_node.node_provider).
 FAKE_HEAD_NODE_ID = "fffffffffffffffffffffffffffffffffffffffffffffffffff00000"
@@ -433,7 +433,7 @@ def set_client_env() -> None:
     state API call fails with ``InvalidAuthToken``."""
     os.environ.update(client_env())
     os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
-    from ray._raylet import AuthenticationTokenLoader, Config
+    from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
 
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()

@@ -3,7 +3,7 @@ the Ray autoscaler's timeline under a ramp, then a soak.
 
     python -m bench.multinode --out docs/multinode.md
 
-The cluster (``tests/support/cluster.py``): a head with ``num-cpus 0``, the
+The cluster (``bench/harness/cluster.py``): a head with ``num-cpus 0``, the
 overlay's node groups as the autoscaler's node types (autoscaler v2, fake
 multi-node provider), the overlay's ``serveConfigV2`` deployed through the
 head's dashboard.
@@ -28,52 +28,29 @@ import random
 import threading
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
 
-from tests.support.cluster import (
+from bench.arrivals import arrival_times, parse_ramp
+from bench.cli import reproducing_command
+from bench.harness.cluster import (
     ClusterShape,
     LocalCluster,
     deploy_rayservice,
     local_cluster,
     set_client_env,
 )
-from tests.support.cluster_load import TIER, OpenLoop, Timeline, engine_requests, outcome
-from tests.support.kustomize import overlay
-from tests.support.sse_reader import Stream
+from bench.harness.cluster_load import TIER, OpenLoop, Timeline, engine_requests, outcome
+from bench.harness.kustomize import overlay
+from bench.harness.sse_reader import Stream
+from bench.multinode.report import write
+from bench.multinode.results import CPU_GROUP, RampResult, SoakResult
 
-from .arrivals import arrival_times, parse_ramp
-from .cli import reproducing_command
-
-CPU_GROUP = "cpu-text"
 SOAK_KINDS = {"stream": 0.6, "unary": 0.2, "completion": 0.1, "cancel": 0.05, "abort": 0.05}
-
-
-@dataclass
-class RampResult:
-    ramp: str
-    samples: list[dict[str, Any]]
-    sent_s: list[float]
-    outcomes: dict[str, int]
-    load_end_s: float
-
-
-@dataclass
-class SoakResult:
-    minutes: float
-    rps: float
-    kinds: dict[str, int] = field(default_factory=dict)
-    outcomes: dict[str, dict[str, int]] = field(default_factory=dict)
-    failures: list[str] = field(default_factory=list)
-    rss: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
-    """replica (deployment/id) → (minute, RSS MiB) samples."""
-    engine_requests: list[tuple[float, float]] = field(default_factory=list)
-    engine_requests_after_s: float | None = None
-    """Seconds after the last request ended until the engines held none (None: never)."""
 
 
 def run_ramp(cluster: LocalCluster, base_url: str, model: str, args: Any) -> RampResult:
@@ -237,8 +214,6 @@ def main() -> None:
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
     args.host = f"{platform.machine()}, {psutil.cpu_count()} CPUs"
-    from .multinode_report import write
-
     saved = args.work / "results.json"
     if args.report_only:
         data = json.loads(saved.read_text())
@@ -265,7 +240,3 @@ def main() -> None:
     command = reproducing_command("bench.multinode", parser, args)
     write(ramp, soak, shape, args, command, args.out)
     print(args.out.read_text())
-
-
-if __name__ == "__main__":
-    main()

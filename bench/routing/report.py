@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only; no display on a server
 import matplotlib.pyplot as plt
 
-from .stats import percentile
-
-if TYPE_CHECKING:  # bench.routing runs as __main__ and imports this module
-    from .routing import Result
+from bench.routing.results import Result
+from bench.stats import percentile
 
 
 def _pct(value: float | None) -> str:

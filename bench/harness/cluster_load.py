@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 
 from bench.arrivals import Phase, arrival_times
-from tests.support.cluster import LocalCluster
-from tests.support.sse_reader import Stream
+from bench.harness.cluster import LocalCluster
+from bench.harness.sse_reader import Stream
 
 TIER = {"X-Text-Placement": "tier"}
 

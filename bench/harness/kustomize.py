@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from tests.support.servers import REPO
+from bench.harness.servers import REPO
 
 K8S = REPO / "k8s"
 

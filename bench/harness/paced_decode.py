@@ -8,7 +8,7 @@ that long: a stream that lasts seconds but costs next to nothing. Requests
 without it are untouched when they run alone.
 
 Loaded by the engine from the graph config:
-``logits_processors: ["tests.support.paced_decode:PacedDecode"]``.
+``logits_processors: ["bench.harness.paced_decode:PacedDecode"]``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,5 @@
+"""``python -m bench.multinode``: see ``bench/multinode/study.py``."""
+
+from bench.multinode.study import main
+
+main()

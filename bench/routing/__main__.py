@@ -1,0 +1,5 @@
+"""``python -m bench.routing``: see ``bench/routing/study.py``."""
+
+from bench.routing.study import main
+
+main()
