@@ -1,1 +1,2 @@
-"""scaleout-serve deployments: one module per Ray Serve deployment, plus shared models."""
+"""scaleout-serve: the five Ray Serve deployments here, their parts in one subpackage
+per layer (docs/architecture.md)."""

@@ -11,8 +11,8 @@ import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 
+from bench.harness import paced_decode
 from bench.harness.paced_decode import PacedDecode
-from tests.support import paced_decode
 
 
 @pytest.fixture
