@@ -11,6 +11,7 @@ import pytest
 # Snapshot the environment before any test module imports vLLM (see servers.py).
 import bench.harness.servers  # noqa: F401
 from bench.harness import sse_reader
+from tests.support import background
 
 TESTS = Path(__file__).resolve().parent
 SUITES = ("unit", "integration", "e2e", "cluster")
@@ -28,6 +29,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if suite is None:
             raise pytest.UsageError(f"{item.nodeid} lies in no suite folder: {SUITES}")
         item.add_marker(getattr(pytest.mark, suite))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the background checks of the tests this session runs (``background``)."""
+    background.start_for({item.name for item in session.items})
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    background.stop_all()
 
 
 @pytest.fixture(scope="session", autouse=True)
