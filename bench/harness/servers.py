@@ -149,6 +149,7 @@ def running_vllm(
     kv_cache_gib: float,
     reasoning_parser: str | None = None,
     tool_call_parser: str | None = None,
+    enforce_eager: bool = False,
     extra_args: Sequence[str] = (),
 ) -> Iterator[Server]:
     """vLLM's own coupled OpenAI server (its module: the ``vllm`` CLI does not
@@ -160,6 +161,8 @@ def running_vllm(
         "--max-model-len", str(max_model_len),
     ]  # fmt: skip
     argv += parser_flags(reasoning_parser, tool_call_parser)
+    if enforce_eager:
+        argv.append("--enforce-eager")
     env = {
         "VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}",
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
@@ -196,6 +199,7 @@ def running_vllm_as_graph(
         kv_cache_gib=graph_args["kv_cache_gib"],
         reasoning_parser=graph_args.get("reasoning_parser"),
         tool_call_parser=graph_args.get("tool_call_parser"),
+        enforce_eager=bool(graph_args.get("enforce_eager", False)),
         extra_args=extra_args,
     )
 

@@ -1,7 +1,9 @@
 """Every topology in configs/ starts with `serve run` and serves one request its way.
 
-Each config runs as written but on a free port (and a smaller KV cache), as
-the benchmark starts it (``bench.topology``), one after another: G tokens,
+Each config runs as written but on a free port, a smaller KV cache and no
+torch.compile (engines start 10-50 s sooner; ``test_serve_run_other_model`` and
+the cluster suite run the compiled default), as the benchmark starts it
+(``bench.topology``), one after another: G tokens,
 T text, B/BP per-chunk stateless derender (with and without parsers), S/I
 chat. Topologies whose config files hold the same Serve config (T and I; B
 and S: they differ in how clients use the graph, not in the graph) share one
@@ -130,6 +132,7 @@ def same_graph_groups() -> list[list[str]]:
 
 
 GROUPS = same_graph_groups()
+EAGER_SMALL_CACHE = Overrides(kv_cache_gib=1, args={"enforce_eager": "true"})
 
 
 def test_topologies_that_share_a_graph_have_equal_configs() -> None:
@@ -140,7 +143,7 @@ def test_topologies_that_share_a_graph_have_equal_configs() -> None:
 @pytest.mark.parametrize("topologies", GROUPS, ids=["+".join(g) for g in GROUPS])
 def test_topology_serves(topologies: list[str], tmp_path: Path) -> None:
     with (
-        running_topology(topologies[0], tmp_path, Overrides(kv_cache_gib=1)) as url,
+        running_topology(topologies[0], tmp_path, EAGER_SMALL_CACHE) as url,
         httpx.Client(base_url=url, timeout=120) as client,
     ):
         for topology in topologies:
