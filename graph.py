@@ -9,6 +9,13 @@
 Ingress → Render + Generate + Derender (→ Generate) + the control plane, to which
 every Generate and Derender replica subscribes (``deployments/transport/control_channel.py``).
 Each deployment module owns its options (``*_deployment(config)``); this only binds.
+
+``serve run graph:app`` imports this module before it starts Ray, and every Ray
+process it starts inherits this process's environment: so the graph's Serve
+switches (``deployments/config/serve_env.py``) that the environment does not name
+are set here, and the documented command runs the same graph as ``make run``. Where
+Ray runs already (a config file, ``serve deploy``, an address), the control plane
+logs a warning naming the switches its cluster lacks.
 """
 
 from __future__ import annotations
@@ -16,9 +23,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import ray
 from ray.serve import Application
 
 from deployments.config.graph_config import GraphConfig
+from deployments.config.serve_env import set_missing_switches
 from deployments.control_plane import control_plane_deployment
 from deployments.derender import derender_deployment, derender_max_replicas
 from deployments.generate import generate_deployment
@@ -47,4 +56,6 @@ def build_app(args: dict[str, Any]) -> Application:
     return build_graph(GraphConfig.from_args(args, env=os.environ))
 
 
+if not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):
+    set_missing_switches(os.environ)  # before `serve run` starts Ray from this process
 app = build_app(EMBEDDED_DEFAULT)

@@ -55,8 +55,12 @@ def app_name(name: str) -> str:
 
 
 @contextlib.contextmanager
-def running_topology(name: str, work_dir: Path, overrides: Overrides) -> Iterator[str]:
-    """``serve run`` the topology; yields its base URL once /health is 200."""
+def running_topology(
+    name: str, work_dir: Path, overrides: Overrides, *, serve_switches: bool = True
+) -> Iterator[str]:
+    """``serve run`` the topology; yields its base URL once /health is 200. Without
+    ``serve_switches``, as a user's plain ``serve run configs/<name>.yaml``: Ray starts
+    without the graph's Serve switches."""
     port = free_port()
     work_dir.mkdir(parents=True, exist_ok=True)
     path = work_dir / f"{name}.yaml"
@@ -65,6 +69,7 @@ def running_topology(name: str, work_dir: Path, overrides: Overrides) -> Iterato
         [str(VENV_BIN / "serve"), "run", str(path)],
         port=port,
         log_path=work_dir / f"{name}.serve.log",
-        env={"RAY_USAGE_STATS_ENABLED": "0", **SERVE_ENV},
+        env={"RAY_USAGE_STATS_ENABLED": "0", **(SERVE_ENV if serve_switches else {})},
+        unset=() if serve_switches else tuple(SERVE_ENV),
     ) as server:
         yield server.base_url

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.deployment import Deployment
 
+from deployments.config.serve_env import missing_switches, switches_warning
 from deployments.messages.control import CommandKind, ControlCommand, EngineState, Tier
 from deployments.transport.serve_internals import ping_actor
 
@@ -63,6 +65,10 @@ class ControlPlane:
     """Abort, ``/metrics`` and ``/health`` across every Generate and Derender replica."""
 
     def __init__(self) -> None:
+        # One replica per graph, started by its node's raylet as every replica is: its
+        # environment is what Ray's processes there started with.
+        if missing := missing_switches(os.environ):
+            logger.warning(switches_warning(missing))
         self._subscribers: dict[tuple[Tier, str], _Subscriber] = {}
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._ids = itertools.count(1)

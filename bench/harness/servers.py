@@ -107,12 +107,18 @@ def running(
     log_path: Path,
     health_paths: Sequence[str] = ("/health",),
     env: dict[str, str] | None = None,
+    unset: Sequence[str] = (),
     timeout_s: float = 420,
 ) -> Iterator[Server]:
-    """Run ``argv`` in its own session, yield once every health path is 200."""
+    """Run ``argv`` in its own session, yield once every health path is 200.
+
+    Its environment: this process's before the tests imported anything, with ``env``
+    over it and without the names in ``unset``."""
     log = log_path.open("wb")
     path = f"{VENV_BIN}:{PRISTINE_ENV.get('PATH', '')}"
     proc_env = {**PRISTINE_ENV, "PATH": path, **(env or {})}
+    for name in unset:
+        proc_env.pop(name, None)
     process = subprocess.Popen(
         list(argv),
         cwd=REPO,

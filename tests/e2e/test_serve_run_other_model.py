@@ -1,4 +1,4 @@
-"""`serve run` of graph:build_app with a model named on the command line.
+"""`serve run graph:build_app model=…`: a model named on the command line.
 
 The model is a copy of the tiny model under another folder and served name:
 nothing in the graph may be hard-wired to the embedded default. The graph and
@@ -9,15 +9,15 @@ compiled default runs in the cluster suite.
 from __future__ import annotations
 
 import shutil
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
-from bench.harness.servers import TINY_MODEL, VENV_BIN, free_port, running
+from bench.harness.servers import TINY_MODEL, VENV_BIN, Server, free_port, running
 from deployments.config.serve_env import SERVE_ENV
 from tests.integration.test_parity_vllm import (
     LOGPROB_TOLERANCE,
@@ -34,48 +34,65 @@ def other_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return model
 
 
+# `serve run IMPORT_PATH key=value …` serves on Serve's default port.
+SERVE_DEFAULT_PORT = 8000
+
+
 @pytest.fixture(scope="module")
 def other_model_server(
     tmp_path_factory: pytest.TempPathFactory, other_model: Path
-) -> Iterator[str]:
-    tmp = tmp_path_factory.mktemp("other")
-    model = other_model
-    port = free_port()
-    # `serve run IMPORT_PATH key=value …` binds Serve's default port, so the
-    # same builder is driven through a config file that sets a free port.
-    config = tmp / "serve.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "http_options": {"host": "127.0.0.1", "port": port},
-                "applications": [
-                    {
-                        "name": "other",
-                        "route_prefix": "/",
-                        "import_path": "graph:build_app",
-                        "args": {
-                            "model": str(model),
-                            "served_model_name": "other",
-                            "max_model_len": 1024,
-                            "kv_cache_gib": 1,
-                            "enforce_eager": True,
-                        },
-                    }
-                ],
-            }
-        )
-    )
+) -> Iterator[Server]:
+    """``serve run graph:build_app model=…`` as a user types it: no config file, and
+    none of the graph's Serve switches exported (graph.py sets them before Ray starts)."""
+    if not port_is_free(SERVE_DEFAULT_PORT):
+        pytest.skip(f"port {SERVE_DEFAULT_PORT} (Serve's default) is taken on this host")
+    args = {
+        "model": str(other_model),
+        "served_model_name": "other",
+        "max_model_len": "1024",
+        "kv_cache_gib": "1",
+        "enforce_eager": "true",
+    }
+    argv = [str(VENV_BIN / "serve"), "run", "graph:build_app"]
+    argv += [f"{key}={value}" for key, value in args.items()]
     with running(
-        [str(VENV_BIN / "serve"), "run", str(config)],
-        port=port,
-        log_path=tmp / "serve.log",
-        env={"RAY_USAGE_STATS_ENABLED": "0", **SERVE_ENV},
+        argv,
+        port=SERVE_DEFAULT_PORT,
+        log_path=tmp_path_factory.mktemp("other") / "serve.log",
+        env={"RAY_USAGE_STATS_ENABLED": "0"},
+        unset=tuple(SERVE_ENV),
     ) as server:
-        yield server.base_url
+        yield server
 
 
-def test_serves_the_named_model(other_model_server: str) -> None:
-    with httpx.Client(base_url=other_model_server, timeout=120) as client:
+def port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def test_plain_serve_run_of_the_import_path_gets_the_serve_switches(
+    other_model_server: Server,
+) -> None:
+    """Ray's processes started with the switches: the control plane saw every one of
+    them (it warns of any missing), and the proxy ran the graph's middleware (without
+    it, Serve's proxy answers a non-UTF-8 X-Request-Id with 500)."""
+    headers = {"X-Request-Id": b"id-\xff"}
+    body = {"model": "other", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    reply = httpx.post(
+        f"{other_model_server.base_url}/v1/chat/completions", json=body, headers=headers, timeout=60
+    )
+    assert reply.status_code == 200, reply.text
+    log = other_model_server.log_path.read_text(errors="replace")
+    assert "Started Serve" in log  # the log is the graph's (the warning would be in it)
+    assert "runs the graph without its Serve switches" not in log
+
+
+def test_serves_the_named_model(other_model_server: Server) -> None:
+    with httpx.Client(base_url=other_model_server.base_url, timeout=120) as client:
         assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["other"]
         body = {"model": "other", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
         reply = client.post("/v1/chat/completions", json=body)
@@ -90,15 +107,15 @@ def test_serves_the_named_model(other_model_server: str) -> None:
         assert "X-Served-By-Pid" not in reply.headers
 
 
-def test_unknown_model_is_404(other_model_server: str) -> None:
+def test_unknown_model_is_404(other_model_server: Server) -> None:
     body = {"model": str(TINY_MODEL), "messages": [{"role": "user", "content": "hi"}]}
-    reply = httpx.post(f"{other_model_server}/v1/chat/completions", json=body, timeout=60)
+    reply = httpx.post(f"{other_model_server.base_url}/v1/chat/completions", json=body, timeout=60)
     assert reply.status_code == 404
     assert reply.json()["error"]["type"] == "NotFoundError"
 
 
-def test_max_model_len_reaches_the_engine(other_model_server: str) -> None:
-    listing = httpx.get(f"{other_model_server}/v1/models", timeout=30).json()
+def test_max_model_len_reaches_the_engine(other_model_server: Server) -> None:
+    listing = httpx.get(f"{other_model_server.base_url}/v1/models", timeout=30).json()
     assert listing["data"][0]["max_model_len"] == 1024
     assert Path(listing["data"][0]["root"]).name == "some-other-model"
 
@@ -123,7 +140,7 @@ def vllm_without_parsers(
 
 @pytest.mark.parametrize("prompt", ["hi", "think: what is 2 plus 3?"])
 def test_chat_without_parsers_equals_vllm(
-    other_model_server: str, vllm_without_parsers: str, prompt: str
+    other_model_server: Server, vllm_without_parsers: str, prompt: str
 ) -> None:
     """Plain chat (no reasoning or tool parser: the stream derenderer's plain path),
     unary and streamed, inline and tier, equals vLLM's server with the same flags:
@@ -140,7 +157,7 @@ def test_chat_without_parsers_equals_vllm(
         want = unary(reference, body, {}), streamed(reference, body, {})
     want_values = [split_logprob_values(w) for w in want]
     assert want[0]["message"]["content"], "vLLM answered no content: the case tests nothing"
-    with httpx.Client(base_url=other_model_server, timeout=120) as client:
+    with httpx.Client(base_url=other_model_server.base_url, timeout=120) as client:
         for placement in ("inline", "tier"):
             headers = {"X-Text-Placement": placement}
             got = unary(client, body, headers), streamed(client, body, headers)

@@ -7,7 +7,9 @@ the cluster suite run the compiled default), as the benchmark starts it
 T text, B/BP per-chunk stateless derender (with and without parsers), S/I
 chat. Topologies whose config files hold the same Serve config (T and I; B
 and S: they differ in how clients use the graph, not in the graph) share one
-graph, and every check of theirs runs on it.
+graph, and every check of theirs runs on it. G starts as a user's plain
+``serve run configs/G.yaml`` would, without the graph's Serve switches in Ray's
+environment: it serves, and its control plane says loudly what is missing.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pytest
 
 from bench.harness.servers import TINY_MODEL
 from bench.topology import CONFIGS, Overrides, running_topology
+from deployments.config.serve_env import SERVE_ENV
 from deployments.config.topologies import serve_config
 
 MODEL = str(TINY_MODEL)
@@ -140,11 +143,28 @@ def test_topologies_that_share_a_graph_have_equal_configs() -> None:
     assert sorted(map(sorted, GROUPS)) == [["B", "S"], ["BP"], ["G"], ["I", "T"]]
 
 
+# deployments/config/serve_env.py: switches_warning
+MISSING_SWITCHES = "runs the graph without its Serve switches"
+WITHOUT_SWITCHES = "G"
+
+
 @pytest.mark.parametrize("topologies", GROUPS, ids=["+".join(g) for g in GROUPS])
 def test_topology_serves(topologies: list[str], tmp_path: Path) -> None:
+    switches = topologies[0] != WITHOUT_SWITCHES
     with (
-        running_topology(topologies[0], tmp_path, EAGER_SMALL_CACHE) as url,
+        running_topology(
+            topologies[0], tmp_path, EAGER_SMALL_CACHE, serve_switches=switches
+        ) as url,
         httpx.Client(base_url=url, timeout=120) as client,
     ):
         for topology in topologies:
             CHECKS[topology](client)
+    log = (tmp_path / f"{topologies[0]}.serve.log").read_text(errors="replace")
+    warnings = [line for line in log.splitlines() if MISSING_SWITCHES in line]
+    if switches:
+        assert not warnings, warnings
+    else:  # one warning, naming every switch Ray started without
+        assert len(warnings) == 1, warnings
+        assert all(
+            f"{name}={value} (here: None)" in warnings[0] for name, value in SERVE_ENV.items()
+        )
