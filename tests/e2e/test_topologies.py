@@ -1,8 +1,8 @@
 """Every topology in configs/ starts with `serve run` and serves one request its way.
 
 Each config runs as written but on a free port, a smaller KV cache and no
-torch.compile (engines start 10-50 s sooner; ``test_serve_run_other_model`` and
-the cluster suite run the compiled default), as the benchmark starts it
+torch.compile (engines start 10-50 s sooner; the cluster suite runs the compiled
+default), as the benchmark starts it
 (``bench.topology``), one after another: G tokens,
 T text, B/BP per-chunk stateless derender (with and without parsers), S/I
 chat. Topologies whose config files hold the same Serve config (T and I; B
