@@ -1,0 +1,3 @@
+from bench.requests.study import main
+
+main()

@@ -1,0 +1,295 @@
+"""The report of ``bench.requests``: cells, CPU by process, idle cost, memory, targets."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import operator
+import platform
+import statistics
+import subprocess
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import psutil
+
+from bench.requests.processes import ENGINE, KINDS
+
+if TYPE_CHECKING:
+    from bench.requests.study import Cell, ServerRun
+
+# Issue 27's targets: graph ÷ vLLM per request, by placement.
+CPU_TARGET = {"inline": 1.3, "tier": 1.4}
+RPS_TARGET = 0.8
+TTFT_EXTRA_MS = 15.0
+IDLE_EXTRA_CORE = 0.05
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def rps(cell: Cell) -> float:
+    return cell.requests / cell.wall_s
+
+
+def cpu_ms(cell: Cell, *, engine: bool = True) -> float:
+    spent = sum(v for k, v in cell.cpu_s.items() if engine or k != ENGINE)
+    return spent / cell.requests * 1000
+
+
+def ttft_p50(cell: Cell) -> float:
+    return percentile(cell.ttft_ms, 0.5)
+
+
+def ttft_p95(cell: Cell) -> float:
+    return percentile(cell.ttft_ms, 0.95)
+
+
+def e2e_p50(cell: Cell) -> float:
+    return percentile(cell.e2e_ms, 0.5)
+
+
+def spread(values: Sequence[float], fmt: str = ".0f") -> str:
+    """The median, and min–max when there is more than one value."""
+    mid = format(statistics.median(values), fmt)
+    if len(values) == 1:
+        return mid
+    return f"{mid} ({format(min(values), fmt)}–{format(max(values), fmt)})"
+
+
+def _rounds(run: ServerRun, mode: str, concurrency: int) -> list[Cell]:
+    return [c for c in run.cells if c.mode == mode and c.concurrency == concurrency]
+
+
+def _modes(run: ServerRun) -> list[str]:
+    return list(dict.fromkeys(c.mode for c in run.cells))
+
+
+def _concurrencies(runs: Sequence[ServerRun]) -> list[int]:
+    return sorted({c.concurrency for r in runs for c in r.cells})
+
+
+def cells_table(runs: Sequence[ServerRun]) -> list[str]:
+    lines = [
+        "| server | text | concurrency | requests/s | TTFT p50 ms | TTFT p95 ms | e2e p50 ms "
+        "| CPU ms/request, all processes | without the engine |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        for concurrency in _concurrencies(runs):
+            for mode in _modes(run):
+                cells = _rounds(run, mode, concurrency)
+                if not cells:
+                    continue
+                figures = [
+                    spread([rps(c) for c in cells], ".1f"),
+                    spread([ttft_p50(c) for c in cells]),
+                    spread([ttft_p95(c) for c in cells]),
+                    spread([e2e_p50(c) for c in cells]),
+                    spread([cpu_ms(c) for c in cells]),
+                    spread([cpu_ms(c, engine=False) for c in cells]),
+                ]
+                text = "–" if mode == "vllm" else mode
+                lines.append(f"| {run.label} | {text} | {concurrency} | {' | '.join(figures)} |")
+    return lines
+
+
+def by_kind_table(runs: Sequence[ServerRun], concurrency: int) -> list[str]:
+    kinds = [k for k in KINDS if any(k in c.cpu_s for r in runs for c in r.cells)]
+    lines = [
+        "| server | text | " + " | ".join(kinds) + " |",
+        "|---|---|" + "---|" * len(kinds),
+    ]
+    for run in runs:
+        for mode in _modes(run):
+            cells = _rounds(run, mode, concurrency)
+            if not cells:
+                continue
+            figures = []
+            for kind in kinds:
+                values = [c.cpu_s.get(kind, 0.0) / c.requests * 1000 for c in cells]
+                figures.append(f"{statistics.median(values):.1f}" if any(values) else "–")
+            text = "–" if mode == "vllm" else mode
+            lines.append(f"| {run.label} | {text} | " + " | ".join(figures) + " |")
+    return lines
+
+
+def idle_table(runs: Sequence[ServerRun]) -> list[str]:
+    kinds = [k for k in KINDS if any(k in r.idle_core_share for r in runs)]
+    lines = [
+        "| server | all | " + " | ".join(kinds) + " |",
+        "|---|---|" + "---|" * len(kinds),
+    ]
+    for run in runs:
+        share = run.idle_core_share
+        figures = [f"{share[k] * 100:.1f}" if k in share else "–" for k in kinds]
+        total = sum(share.values()) * 100
+        lines.append(f"| {run.label} | **{total:.1f}** | " + " | ".join(figures) + " |")
+    return lines
+
+
+def memory_table(runs: Sequence[ServerRun]) -> list[str]:
+    lines = [
+        "| server | kind | processes | RSS MiB | USS MiB |",
+        "|---|---|---|---|---|",
+    ]
+    for run in runs:
+        for kind in KINDS:
+            if (m := run.memory.get(kind)) is not None:
+                lines.append(
+                    f"| {run.label} | {kind} | {m.processes} | {m.rss_mib:.0f} | {m.uss_mib:.0f} |"
+                )
+        procs = sum(m.processes for m in run.memory.values())
+        rss = sum(m.rss_mib for m in run.memory.values())
+        uss = sum(m.uss_mib for m in run.memory.values())
+        lines.append(f"| {run.label} | **all** | {procs} | {rss:.0f} | {uss:.0f} |")
+    return lines
+
+
+def _paired(
+    graph: ServerRun,
+    vllm: ServerRun,
+    mode: str,
+    concurrency: int,
+    of: Callable[[Cell, Cell], float],
+) -> list[float]:
+    """``of(graph cell, vLLM cell)`` for each round both ran."""
+    ours = {c.round: c for c in _rounds(graph, mode, concurrency)}
+    theirs = {c.round: c for c in _rounds(vllm, "vllm", concurrency)}
+    return [of(ours[r], theirs[r]) for r in sorted(ours.keys() & theirs.keys())]
+
+
+def _met(values: Sequence[float], ok: Callable[[float], bool]) -> str:
+    """Met in every round, by the median only, or not."""
+    if all(ok(v) for v in values):
+        return "yes"
+    return "median only" if ok(statistics.median(values)) else "no"
+
+
+def targets_table(runs: Sequence[ServerRun]) -> list[str]:
+    vllm = next((r for r in runs if r.label == "vllm"), None)
+    if vllm is None:
+        return ["(vLLM's server was not run: no ratios.)"]
+    lines = [
+        "| graph | target | measured: median (rounds' spread) | met |",
+        "|---|---|---|---|",
+    ]
+
+    def add(
+        label: str, target: str, values: list[float], ok: Callable[[float], bool], fmt: str
+    ) -> None:
+        if values:
+            lines.append(f"| {label} | {target} | {spread(values, fmt)} | {_met(values, ok)} |")
+
+    for run in runs:
+        if run is vllm:
+            continue
+        for mode in _modes(run):
+            limit = CPU_TARGET[mode]
+            for concurrency in _concurrencies(runs):
+                ratios = _paired(run, vllm, mode, concurrency, lambda g, v: cpu_ms(g) / cpu_ms(v))
+                add(
+                    run.label,
+                    f"CPU/request {mode} ÷ vLLM, concurrency {concurrency}: ≤ {limit}×",
+                    ratios,
+                    partial(operator.ge, limit),
+                    ".2f",
+                )
+            high = max(_concurrencies(runs))
+            add(
+                run.label,
+                f"requests/s {mode} ÷ vLLM, concurrency {high}: ≥ {RPS_TARGET}×",
+                _paired(run, vllm, mode, high, lambda g, v: rps(g) / rps(v)),
+                lambda x: x >= RPS_TARGET,
+                ".2f",
+            )
+            low = min(_concurrencies(runs))
+            add(
+                run.label,
+                f"TTFT p50 {mode} − vLLM's, concurrency {low}: ≤ {TTFT_EXTRA_MS:.0f} ms",
+                _paired(run, vllm, mode, low, lambda g, v: ttft_p50(g) - ttft_p50(v)),
+                lambda x: x <= TTFT_EXTRA_MS,
+                ".0f",
+            )
+        idle = sum(run.idle_core_share.values()) - sum(vllm.idle_core_share.values())
+        add(
+            run.label,
+            f"idle CPU − vLLM's idle: ≤ {IDLE_EXTRA_CORE * 100:.0f}% of a core",
+            [idle * 100],
+            lambda x: x <= IDLE_EXTRA_CORE * 100,
+            ".1f",
+        )
+    return lines
+
+
+def _host() -> str:
+    model = ""
+    flags = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and not model:
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags") and not flags:
+                flags = line
+    avx = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    memory = psutil.virtual_memory().total / 2**30
+    return f"{platform.machine()}, {psutil.cpu_count()} CPUs ({model}, {avx}), {memory:.0f} GiB"
+
+
+def _commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
+
+
+def report(args: argparse.Namespace, runs: Sequence[ServerRun]) -> str:
+    argv = "python -m bench.requests"
+    for name in ("tokens", "requests", "repeat", "idle_s"):
+        argv += f" --{name.replace('_', '-')} {getattr(args, name)}"
+    argv += " --concurrency " + ",".join(map(str, args.concurrency))
+    argv += f" --servers {args.servers}" + "".join(f" --variant {v}" for v in args.variant)
+    out = [
+        "# CPU per request: vLLM's server against the graph",
+        "",
+        f"Written by `{argv}` at commit {_commit()}.",
+        "",
+        f"Host: {_host()}. Load: streamed chats of {args.tokens} tokens "
+        f"(temperature 0, `ignore_eos`), {args.requests} per cell in a closed loop at each "
+        f"concurrency, after a warm-up; {args.repeat} rounds of every cell. Figures are the "
+        "median over rounds, with the rounds' spread (min–max) in brackets.",
+        "",
+        "Servers:",
+        "",
+        *[f"- `{r.label}`: `{r.command}`" for r in runs],
+        "",
+        "CPU is every process of the server's tree (Ray's own included). vLLM's CPU engine "
+        "spin-waits while it has work, so its engine's CPU grows with wall time: the column "
+        "without the engine is the serving work alone.",
+        "",
+        "## Per cell",
+        "",
+        *cells_table(runs),
+        "",
+        "## CPU ms per request by process",
+        "",
+    ]
+    for concurrency in _concurrencies(runs):
+        out += [f"Concurrency {concurrency}:", "", *by_kind_table(runs, concurrency), ""]
+    out += [
+        f"## Idle: % of one core over {args.idle_s:.0f} s without traffic",
+        "",
+        *idle_table(runs),
+        "",
+        "## Memory after the warm-up",
+        "",
+        *memory_table(runs),
+        "",
+        "## Targets (issue 27), graph against vLLM round by round",
+        "",
+        *targets_table(runs),
+        "",
+    ]
+    return "\n".join(out)

@@ -1,0 +1,216 @@
+"""CPU per request, request rate and TTFT: vLLM's server against the graph, one run.
+
+    python -m bench.requests --out docs/request-overhead.md
+
+The load is short streamed chats (``--tokens`` each, temperature 0) in a
+closed loop at each ``--concurrency``, ``--requests`` per cell after a warm-up
+(``bench/requests/load.py``). The servers, each started, measured and stopped
+in turn, serve the embedded model with the same parsers:
+
+- ``vllm``: ``python -m vllm.entrypoints.openai.api_server``;
+- ``plain``: ``serve run graph:app`` with none of the graph's Serve switches
+  in the environment (the command the README documents first);
+- ``make-run``: the same with the switches ``make run`` exports;
+- ``--variant NAME:K=V,...``: ``make-run`` with more variables (e.g. Serve's
+  HAProxy ingress, ``RAY_SERVE_ENABLE_HA_PROXY=1``).
+
+Every graph serves both text placements (``X-Text-Placement: inline`` and
+``tier``). ``--repeat`` rounds run every cell of a server in turn, so the
+host's drift falls on all cells alike; the report quotes the median and the
+spread. CPU is every process of the server's tree, by kind
+(``bench/requests/processes.py``); idle CPU is read over ``--idle-s`` seconds
+after the warm-up, and memory (RSS, USS) per kind then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from bench.harness.servers import VENV_BIN, Server, running, running_vllm
+from bench.requests.load import ShortChats, closed_loop
+from bench.requests.processes import Memory, cpu_by_kind, memory_by_kind, snapshot
+from bench.requests.report import report
+from deployments.config.graph_config import TINY_MODEL
+from deployments.config.serve_env import SERVE_ENV
+
+SERVE_PORT = 8000  # `serve run graph:app` takes Serve's default; the import path has no flag
+GRAPH_MODES = ("inline", "tier")
+KV_CACHE_GIB = 2  # GraphConfig's default, given to vLLM's server too
+MAX_MODEL_LEN = 32768  # the embedded model's, the graph's default
+
+
+@dataclass
+class Cell:
+    server: str
+    mode: str
+    concurrency: int
+    round: int
+    requests: int
+    wall_s: float
+    ttft_ms: list[float]
+    e2e_ms: list[float]
+    cpu_s: dict[str, float]
+
+
+@dataclass
+class ServerRun:
+    label: str
+    command: str
+    cells: list[Cell] = field(default_factory=list)
+    idle_core_share: dict[str, float] = field(default_factory=dict)
+    """CPU per kind while idle, as a share of one core."""
+    memory: dict[str, Memory] = field(default_factory=dict)
+
+
+def measure_cell(
+    server: Server,
+    label: str,
+    load: ShortChats,
+    mode: str,
+    concurrency: int,
+    requests: int,
+    round_: int = 0,
+) -> Cell:
+    """One closed-loop cell against a running server, its CPU read around it."""
+    headers = {} if mode == "vllm" else {"X-Text-Placement": mode}
+    before = snapshot(server.process.pid)
+    timings, wall = asyncio.run(closed_loop(server.base_url, load, concurrency, requests, headers))
+    after = snapshot(server.process.pid)
+    return Cell(
+        server=label,
+        mode=mode,
+        concurrency=concurrency,
+        round=round_,
+        requests=len(timings),
+        wall_s=wall,
+        ttft_ms=[t.ttft_s * 1000 for t in timings],
+        e2e_ms=[t.e2e_s * 1000 for t in timings],
+        cpu_s=cpu_by_kind(before, after),
+    )
+
+
+def measure_idle(server: Server, idle_s: float) -> tuple[dict[str, float], dict[str, Memory]]:
+    """CPU per kind (share of one core) over ``idle_s`` of no traffic, then memory."""
+    time.sleep(5)  # let the warm-up's last work (metrics pushes, logs) drain
+    before = snapshot(server.process.pid)
+    time.sleep(idle_s)
+    after = snapshot(server.process.pid)
+    share = {kind: cpu / idle_s for kind, cpu in cpu_by_kind(before, after).items()}
+    return share, memory_by_kind(snapshot(server.process.pid, memory=True))
+
+
+def measure_server(
+    server: Server, run: ServerRun, modes: list[str], args: argparse.Namespace
+) -> None:
+    load = ShortChats(model=str(TINY_MODEL), tokens=args.tokens)
+    for mode in modes:
+        measure_cell(server, run.label, load, mode, 4, 16)  # warm-up, not kept
+    run.idle_core_share, run.memory = measure_idle(server, args.idle_s)
+    for round_ in range(args.repeat):
+        for concurrency in args.concurrency:
+            for mode in modes:
+                cell = measure_cell(
+                    server, run.label, load, mode, concurrency, args.requests, round_
+                )
+                run.cells.append(cell)
+                cpu_ms = sum(cell.cpu_s.values()) / cell.requests * 1000
+                print(
+                    f"{run.label} {mode} c={concurrency} round {round_}: "
+                    f"{cell.requests / cell.wall_s:.1f} req/s, {cpu_ms:.0f} CPU ms/request",
+                    flush=True,
+                )
+
+
+@contextmanager
+def graph_server(work: Path, env: dict[str, str], unset: list[str]) -> Iterator[Server]:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", SERVE_PORT))
+        except OSError as error:
+            message = f"port {SERVE_PORT} is taken; `serve run graph:app` needs it"
+            raise SystemExit(message) from error
+    with running(
+        [str(VENV_BIN / "serve"), "run", "graph:app"],
+        port=SERVE_PORT,
+        log_path=work / "serve.log",
+        env={"RAY_USAGE_STATS_ENABLED": "0", **env},
+        unset=unset,
+    ) as server:
+        yield server
+
+
+def _pairs(text: str) -> dict[str, str]:
+    return dict(pair.split("=", 1) for pair in text.split(",") if pair)
+
+
+def graph_variants(variants: list[str]) -> list[tuple[str, dict[str, str], list[str]]]:
+    """(label, environment, names unset) of each graph to run."""
+    runs = [("plain", {}, list(SERVE_ENV)), ("make-run", dict(SERVE_ENV), [])]
+    for variant in variants:
+        name, _, pairs = variant.partition(":")
+        runs.append((name, {**SERVE_ENV, **_pairs(pairs)}, []))
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", type=int, default=8, help="output tokens per chat")
+    parser.add_argument("--requests", type=int, default=100, help="requests per cell")
+    parser.add_argument(
+        "--concurrency", type=lambda s: [int(c) for c in s.split(",")], default=[1, 4, 16]
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of every cell")
+    parser.add_argument("--idle-s", type=float, default=30)
+    parser.add_argument("--servers", default="vllm,plain,make-run", help="which to run, in order")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME:K=V,... a graph as make-run with these variables too (repeatable)",
+    )
+    parser.add_argument("--out", type=Path, default=None, help="write the markdown report here")
+    parser.add_argument("--json", type=Path, default=None, help="write every cell here")
+    args = parser.parse_args()
+    chosen = args.servers.split(",") + [v.partition(":")[0] for v in args.variant]
+    runs: list[ServerRun] = []
+    with tempfile.TemporaryDirectory(prefix="requests-") as tmp:
+        work = Path(tmp)
+        if "vllm" in chosen:
+            run = ServerRun("vllm", "python -m vllm.entrypoints.openai.api_server")
+            with running_vllm(
+                work / "vllm.log",
+                max_model_len=MAX_MODEL_LEN,
+                kv_cache_gib=KV_CACHE_GIB,
+                reasoning_parser="qwen3",
+                tool_call_parser="hermes",
+            ) as server:
+                measure_server(server, run, ["vllm"], args)
+            runs.append(run)
+        for label, env, unset in graph_variants(args.variant):
+            if label not in chosen:
+                continue
+            extra = " ".join(f"{k}={v}" for k, v in env.items() if k not in SERVE_ENV)
+            command = "serve run graph:app" + (f" ({extra})" if extra else "")
+            if label == "make-run":
+                command += ", make run's switches exported"
+            run = ServerRun(label, command)
+            graph_dir = work / label
+            graph_dir.mkdir()
+            with graph_server(graph_dir, env, unset) as server:
+                measure_server(server, run, list(GRAPH_MODES), args)
+            runs.append(run)
+    text = report(args, runs)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text)
+    if args.json is not None:
+        args.json.write_text(json.dumps([asdict(r) for r in runs], indent=1))

