@@ -11,7 +11,8 @@ BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
 export VLLM_CPU_KVCACHE_SPACE ?= 2
 # Ray's and Serve's switches, read as each Ray process starts (deployments/config/serve_env.py says why).
 export RAY_SERVE_THROUGHPUT_OPTIMIZED ?= 1
-export RAY_SERVE_ENABLE_DIRECT_INGRESS ?= 0
+export RAY_SERVE_ENABLE_HA_PROXY ?= 1
+export RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S ?= 2
 export RAY_SERVE_LOG_TO_STDERR ?= 1
 export RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper ?= true
 export RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH ?= 268435456

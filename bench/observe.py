@@ -58,24 +58,24 @@ def tree_cpu_s(process: psutil.Process, *, only: str | None = None) -> float:
 
 
 def graph_workers(port: int) -> list[psutil.Process]:
-    """The Ray workers of the graph whose HTTP proxy listens on ``port``.
+    """The Ray workers of the graph whose HTTP ingress listens on ``port``.
 
-    They are the children of that proxy's raylet: another Ray instance on the
+    They are the children of the raylet above the listener (Serve's proxy
+    actor, or the HAProxy its manager actor runs): another Ray instance on the
     host (or the lingering workers of one just stopped) is not counted.
     """
-    for process in psutil.process_iter():
-        if _tier_of(process, app="") != "proxy":
+    for connection in psutil.net_connections(kind="tcp"):
+        if connection.status != psutil.CONN_LISTEN or connection.laddr.port != port:
+            continue
+        if connection.pid is None:
             continue
         try:
-            listening = any(
-                c.status == psutil.CONN_LISTEN and c.laddr.port == port
-                for c in process.net_connections(kind="tcp")
-            )
-            if listening and (raylet := process.parent()) is not None:
-                return list(raylet.children())
+            for ancestor in psutil.Process(connection.pid).parents():
+                if ancestor.name() == "raylet":
+                    return list(ancestor.children())
         except psutil.Error:
             continue
-    raise LookupError(f"no Ray Serve proxy listens on port {port}")
+    raise LookupError(f"no Ray Serve ingress listens on port {port}")
 
 
 def sample(t_s: float, app: str, port: int) -> Sample:

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from bench.harness.servers import REPO, VENV_BIN, free_port, running
+from bench.harness.servers import REPO, VENV_BIN, free_port, graph_env, running
 from deployments.config.graph_config import nest_dotted
 from deployments.config.serve_env import SERVE_ENV
 from deployments.config.topologies import app_config, gpu_topology_app, serve_config
@@ -69,7 +69,7 @@ def running_topology(
         [str(VENV_BIN / "serve"), "run", str(path)],
         port=port,
         log_path=work_dir / f"{name}.serve.log",
-        env={"RAY_USAGE_STATS_ENABLED": "0", **(SERVE_ENV if serve_switches else {})},
+        env=graph_env(switches=serve_switches),
         unset=() if serve_switches else tuple(SERVE_ENV),
     ) as server:
         yield server.base_url

@@ -41,8 +41,7 @@ import httpx
 import psutil
 import yaml
 
-from bench.harness.servers import PRISTINE_ENV, REPO, VENV_BIN, free_port
-from deployments.config.serve_env import SERVE_ENV
+from bench.harness.servers import PRISTINE_ENV, REPO, VENV_BIN, free_port, graph_env
 
 # The fake provider's ids (ray.autoscaler._private.fake_multi_node.node_provider).
 FAKE_HEAD_NODE_ID = "fffffffffffffffffffffffffffffffffffffffffffffffffff00000"
@@ -202,7 +201,7 @@ class LocalCluster:
         config.write_text(json.dumps(self.shape.autoscaling_config(self.address)))
         env = {
             **self.env(),
-            **SERVE_ENV,  # Serve's switches, read as each Ray process starts
+            **graph_env(),  # Serve's switches, read as each Ray process starts
             "RAY_FAKE_CLUSTER": "1",
             "RAY_enable_autoscaler_v2": "1",
             "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID,

@@ -222,6 +222,27 @@ def serve_config(port: int, apps: dict[str, tuple[str, dict[str, Any]]]) -> dict
     }
 
 
+def haproxy_side_ports() -> dict[str, str]:
+    """HAProxy's stats and Prometheus listeners on free ports. Serve binds them on
+    every interface at fixed ports (8404, 9101), so a second graph on one host (a
+    test's own, beside the session's) could not start its HAProxy."""
+    return {
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+    }
+
+
+def graph_env(*, switches: bool = True) -> dict[str, str]:
+    """What a graph started here runs with, over the pristine environment: no usage
+    stats, the product's Serve switches (``switches=False``: none, as a user who
+    exports nothing; unset ``SERVE_ENV`` then) and HAProxy's side listeners apart."""
+    return {
+        "RAY_USAGE_STATS_ENABLED": "0",
+        **(SERVE_ENV if switches else {}),
+        **haproxy_side_ports(),
+    }
+
+
 @contextlib.contextmanager
 def running_graph(
     tmp_dir: Path,
@@ -242,7 +263,7 @@ def running_graph(
         port=port,
         log_path=tmp_dir / "serve.log",
         health_paths=health,
-        env={"RAY_USAGE_STATS_ENABLED": "0", **SERVE_ENV, **(env or {})},
+        env={**graph_env(), **(env or {})},
         timeout_s=timeout_s,
     ) as server:
         yield server

@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bench.harness.servers import VENV_BIN, Server, running, running_vllm
+from bench.harness.servers import VENV_BIN, Server, haproxy_side_ports, running, running_vllm
 from bench.requests.load import ShortChats, closed_loop
 from bench.requests.processes import Memory, cpu_by_kind, memory_by_kind, snapshot
 from bench.requests.report import report
@@ -142,7 +142,7 @@ def graph_server(work: Path, env: dict[str, str], unset: list[str]) -> Iterator[
         [str(VENV_BIN / "serve"), "run", "graph:app"],
         port=SERVE_PORT,
         log_path=work / "serve.log",
-        env={"RAY_USAGE_STATS_ENABLED": "0", **env},
+        env={"RAY_USAGE_STATS_ENABLED": "0", **haproxy_side_ports(), **env},
         unset=unset,
     ) as server:
         yield server

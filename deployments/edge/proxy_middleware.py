@@ -1,8 +1,10 @@
-"""Middleware in Serve's HTTP proxy, ahead of Serve's own request-id handling.
+"""Middleware in Serve's HTTP servers, ahead of Serve's own request-id handling.
 
-Serve's proxy runs it when ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`` names
+Serve runs it when ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`` names
 ``middlewares`` (``deployments/config/serve_env.py``: ``make run``, the tests and the
-KubeRay pods set it). It mends two things a client meets before the Ingress:
+KubeRay pods set it): in its Python proxy, and behind HAProxy (the graph's default
+edge) in each Ingress replica's own HTTP server. It mends two things a client meets
+before the Ingress:
 
 - **Unguessable request ids.** A request without ``X-Request-Id`` gets one
   from Serve's proxy, made with ``random.getrandbits`` (Mersenne Twister: a

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.harness.servers import TINY_MODEL, VENV_BIN, Server, free_port, running
+from bench.harness.servers import TINY_MODEL, VENV_BIN, Server, free_port, graph_env, running
 from deployments.config.serve_env import SERVE_ENV
 from tests.integration.test_parity_vllm import (
     LOGPROB_TOLERANCE,
@@ -59,7 +59,7 @@ def other_model_server(
         argv,
         port=SERVE_DEFAULT_PORT,
         log_path=tmp_path_factory.mktemp("other") / "serve.log",
-        env={"RAY_USAGE_STATS_ENABLED": "0"},
+        env=graph_env(switches=False),
         unset=tuple(SERVE_ENV),
     ) as server:
         yield server

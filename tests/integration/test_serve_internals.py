@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from bench.harness.servers import PRISTINE_ENV, REPO, VENV_BIN
+from bench.harness.servers import PRISTINE_ENV, REPO, VENV_BIN, graph_env
 from deployments.config.serve_env import SERVE_ENV
 
 
 @pytest.fixture(scope="module")
 def seen() -> dict[str, Any]:
-    env = {**PRISTINE_ENV, "PATH": f"{VENV_BIN}:{PRISTINE_ENV.get('PATH', '')}", **SERVE_ENV}
+    env = {**PRISTINE_ENV, "PATH": f"{VENV_BIN}:{PRISTINE_ENV.get('PATH', '')}", **graph_env()}
     probe = subprocess.run(
         [sys.executable, "-m", "tests.support.serve_door_probe"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,

@@ -55,4 +55,4 @@ def test_the_warning_names_each_missing_switch_with_its_value_there() -> None:
     )
     assert "RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (here: None)" in text
     assert "RAY_SERVE_LOG_TO_STDERR=1 (here: 0)" in text
-    assert "RAY_SERVE_ENABLE_DIRECT_INGRESS" not in text
+    assert "RAY_SERVE_ENABLE_HA_PROXY" not in text
