@@ -198,7 +198,7 @@ def main() -> None:
         for label, env, unset in graph_variants(args.variant):
             if label not in chosen:
                 continue
-            extra = " ".join(f"{k}={v}" for k, v in env.items() if k not in SERVE_ENV)
+            extra = " ".join(f"{k}={v}" for k, v in env.items() if SERVE_ENV.get(k) != v)
             command = "serve run graph:app" + (f" ({extra})" if extra else "")
             if label == "make-run":
                 command += ", make run's switches exported"
