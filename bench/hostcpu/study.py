@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +40,7 @@ import httpx
 import psutil
 
 from bench.harness.servers import TINY_MODEL, Server, running_graph, running_vllm_as_graph
+from bench.harness.sse_chunks import json_chunks
 from bench.hostcpu.report import Result, report, row
 from bench.metrics import engine_steps
 from bench.observe import sample, tree_cpu_s
@@ -90,27 +90,12 @@ def cpu_s(pid: int) -> tuple[float, float]:
     return tree_cpu_s(root), tree_cpu_s(root, only=ENGINE_CORE)
 
 
-async def _chunks(
-    client: httpx.AsyncClient, path: str, body: dict[str, Any], headers: dict[str, str]
-) -> AsyncIterator[dict[str, Any]]:
-    """The JSON chunks of one streamed POST; an error event fails the run."""
-    async with client.stream("POST", path, json=body, headers=headers) as reply:
-        reply.raise_for_status()
-        async for line in reply.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(f"stream failed: {chunk}")
-            yield chunk
-
-
 async def _chat_stream(
     client: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str]
 ) -> int:
     """One streamed chat; its completion tokens, from the final usage chunk."""
     tokens = 0
-    async for chunk in _chunks(client, "/v1/chat/completions", body, headers):
+    async for chunk in json_chunks(client, "/v1/chat/completions", body, headers):
         if chunk.get("usage"):
             tokens = int(chunk["usage"]["completion_tokens"])
     return tokens
@@ -119,7 +104,7 @@ async def _chat_stream(
 async def _tokens_stream(client: httpx.AsyncClient, body: dict[str, Any]) -> int:
     """One streamed ``/inference/v1/generate``; the token ids it returned."""
     tokens = 0
-    async for chunk in _chunks(client, "/inference/v1/generate", body, {}):
+    async for chunk in json_chunks(client, "/inference/v1/generate", body, {}):
         tokens += sum(len(c.get("token_ids") or []) for c in chunk["choices"])
     return tokens
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+
+from bench.harness.sse_chunks import json_chunks
 
 PROMPTS = [
     "What is the capital of Japan?",
@@ -63,19 +64,11 @@ async def one_chat(
     sent = time.perf_counter()
     first: float | None = None
     used = None
-    async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as reply:
-        if reply.status_code != 200:
-            raise RuntimeError(f"{reply.status_code}: {(await reply.aread())[:500]!r}")
-        async for line in reply.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(f"stream failed: {chunk}")
-            if first is None and _carries_output(chunk):
-                first = time.perf_counter()
-            if chunk.get("usage"):
-                used = chunk["usage"]["completion_tokens"]
+    async for chunk in json_chunks(client, "/v1/chat/completions", body, headers):
+        if first is None and _carries_output(chunk):
+            first = time.perf_counter()
+        if chunk.get("usage"):
+            used = chunk["usage"]["completion_tokens"]
     done = time.perf_counter()
     if used != tokens:
         raise RuntimeError(f"the answer had {used} tokens, not {tokens}")

