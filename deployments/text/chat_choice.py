@@ -26,6 +26,7 @@ from vllm.entrypoints.serve.utils.tool_calls_utils import maybe_filter_parallel_
 from vllm.renderers.chat_utils import make_tool_call_id
 from vllm.renderers.online_derenderer import OnlineDerenderer
 
+from deployments.text.reasoning_count import ReasoningCounter
 from deployments.vllm_adapter.internals import chat_template_kwargs
 
 
@@ -46,18 +47,21 @@ def chat_choice(
     request: ChatCompletionRequest,
     prompt_token_ids: list[int],
     out: GeneratedChoice,
+    counter: ReasoningCounter,
 ) -> tuple[ChatCompletionResponseChoice, int]:
-    """The response choice and its count of reasoning tokens."""
+    """The response choice and its count of reasoning tokens (by ``counter``, the
+    replica's: the count vLLM's parser gives after ``parse``)."""
     parser_cls = derenderer.parser
     logprobs = out.logprobs
     reasoning_tokens = 0
     tool_calls: Any = []
     if parser_cls is not None:
         tools: Any = request.tools
+        template_kwargs = chat_template_kwargs(derenderer, request)
         parser = parser_cls(
             derenderer.renderer.get_tokenizer(),
             tools,
-            chat_template_kwargs=chat_template_kwargs(derenderer, request),
+            chat_template_kwargs=template_kwargs,
             model_config=derenderer.model_config,
         )
         parser.set_prompt_token_ids(prompt_token_ids)
@@ -67,7 +71,7 @@ def chat_choice(
             enable_auto_tools=derenderer.enable_auto_tools,
             model_output_token_ids=out.token_ids,
         )
-        reasoning_tokens = parser.count_reasoning_tokens(out.token_ids)
+        reasoning_tokens = counter.count(template_kwargs, out.token_ids)
         if not request.include_reasoning:
             reasoning, logprobs = None, None
     else:

@@ -39,6 +39,7 @@ from vllm.renderers.online_derenderer import OnlineDerenderer
 
 from deployments.messages.tier import TextJob
 from deployments.text.chat_choice import GeneratedChoice, chat_choice
+from deployments.text.reasoning_count import ReasoningCounter
 from deployments.text.sse import DONE, sse_data, sse_event, sse_stream_payloads
 from deployments.text.stop_strings import cut_at_stop, ended_on_stop_string, ended_on_stop_token
 from deployments.text.stream_derenderer import ChatStreamDerenderer, CompletionStreamDerenderer
@@ -85,6 +86,7 @@ class TextOutput:
     def __init__(self, derenderer: OnlineDerenderer, serving_derender: ServingDerender) -> None:
         self._derenderer = derenderer
         self._serving = serving_derender
+        self._reasoning = ReasoningCounter(derenderer)
 
     async def respond(
         self,
@@ -172,7 +174,7 @@ class TextOutput:
                 gen.stop_reason,
                 logprobs,
             )
-            choice, reasoning = chat_choice(derenderer, request, prompt, generated)
+            choice, reasoning = chat_choice(derenderer, request, prompt, generated, self._reasoning)
             choices.append(choice)
             reasoning_tokens += reasoning
         completion_tokens = sum(len(c.token_ids or []) for c in response.choices)
@@ -206,7 +208,7 @@ class TextOutput:
         feeder: ChatStreamDerenderer | CompletionStreamDerenderer
         if job.chat_request is not None:
             feeder = ChatStreamDerenderer(
-                self._derenderer, job.chat_request, prompt, job.model_name
+                self._derenderer, job.chat_request, prompt, job.model_name, self._reasoning
             )
         else:
             assert job.completion_request is not None

@@ -44,6 +44,7 @@ from vllm.entrypoints.serve.utils.tool_calls_utils import maybe_filter_parallel_
 from vllm.parser import Parser
 from vllm.renderers.online_derenderer import OnlineDerenderer
 
+from deployments.text.reasoning_count import ReasoningCounter
 from deployments.text.stop_strings import StopStringHoldback, ended_on_stop_token
 from deployments.vllm_adapter.internals import (
     chat_template_kwargs,
@@ -99,7 +100,9 @@ class ChatStreamDerenderer:
         chat_request: ChatCompletionRequest,
         prompt_token_ids: list[int],
         model_name: str,
+        counter: ReasoningCounter | None = None,
     ) -> None:
+        """``counter``: the replica's, kept across streams (one is made if none)."""
         self._derenderer = derenderer
         self._request = chat_request
         self._prompt_token_ids = prompt_token_ids
@@ -116,9 +119,9 @@ class ChatStreamDerenderer:
         )
         self._skip_special = skip_special
         self._spaces_between = spaces
+        self._counter = counter or ReasoningCounter(derenderer)
         # As vLLM's chat server: usage counts reasoning tokens when a reasoning parser runs.
-        parser = derenderer.parser
-        self._counts_reasoning = parser is not None and parser.reasoning_parser_cls is not None
+        self._counts_reasoning = self._counter.counts
 
     async def feed(self, chunk: GenerateTokensStreamResponse) -> ChatCompletionStreamResponse:
         if not self._parsed:
@@ -163,15 +166,18 @@ class ChatStreamDerenderer:
             state = self._choices[index] = _ParsedChoice(self._new_parser(), detok, holdback)
         return state
 
-    def _new_parser(self) -> Parser:
+    def _chat_template_kwargs(self) -> dict[str, Any]:
         if self._template_kwargs is None:
             self._template_kwargs = chat_template_kwargs(self._derenderer, self._request)
+        return self._template_kwargs
+
+    def _new_parser(self) -> Parser:
         assert self._derenderer.parser is not None
         tools: Any = self._request.tools  # vLLM passes chat tools here too
         return self._derenderer.parser(
             self._tokenizer,
             tools,
-            chat_template_kwargs=self._template_kwargs,
+            chat_template_kwargs=self._chat_template_kwargs(),
             model_config=self._derenderer.model_config,
         )
 
@@ -254,8 +260,8 @@ class ChatStreamDerenderer:
 
         Continuous usage (a choice's chunk) reads the stream parser's running
         count, as vLLM's chat server does. The final usage is counted over each
-        choice's whole output by a fresh parser, as vLLM counts a unary
-        response: the running count of vLLM's engine-based parsers follows how
+        choice's whole output, as vLLM counts a unary response
+        (``reasoning_count.py``): the running count of vLLM's engine-based parsers follows how
         tokens happened to be grouped into chunks (and stop-string holdback
         shifts text against ids), so under load the same output streamed twice
         could report different counts.
@@ -265,11 +271,8 @@ class ChatStreamDerenderer:
         if chunk.choices:
             choices = [self._choices[c.index] for c in chunk.choices]
             return sum(c.parser.count_reasoning_tokens(tuple(c.generated)) for c in choices)
-        return sum(
-            self._new_parser().count_reasoning_tokens(tuple(c.generated))
-            for c in self._choices.values()
-            if c.generated
-        )
+        kwargs = self._chat_template_kwargs()
+        return sum(self._counter.count(kwargs, c.generated) for c in self._choices.values())
 
 
 class CompletionStreamDerenderer:

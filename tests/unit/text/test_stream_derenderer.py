@@ -22,6 +22,7 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
 from bench.harness.servers import TINY_MODEL
 from deployments.config.graph_config import GraphConfig
 from deployments.render import build_render_state
+from deployments.text.reasoning_count import ReasoningCounter
 from deployments.text.stream_derenderer import ChatStreamDerenderer
 from scripts.build_tiny_model import WEATHER_TOOL
 
@@ -165,8 +166,10 @@ def test_streamed_reasoning_tokens_do_not_depend_on_how_tokens_are_chunked(
     want = reasoning_parser.count_reasoning_tokens(output)
     assert want == 2
 
+    counter = ReasoningCounter(derenderer)  # one per replica, across its streams
+
     async def final_usage(sizes: list[int]) -> Any:
-        ours = ChatStreamDerenderer(derenderer, request, prompt, MODEL)
+        ours = ChatStreamDerenderer(derenderer, request, prompt, MODEL, counter)
         start = 0
         for i, size in enumerate(sizes):
             last = i == len(sizes) - 1
