@@ -114,7 +114,8 @@ def report(args: argparse.Namespace, results: list[Result], labels: list[str]) -
         f"`{' '.join(['python -m bench.hostcpu', *sys.argv[1:]])}`",
         "",
         f"Host: {platform.machine()}, {psutil.cpu_count()} CPUs; {args.streams} chat streams "
-        f"of {args.tokens} tokens at once, engine step held {args.pace_ms:g} ms; "
+        f"of {args.tokens} tokens at once ({args.traffic} traffic: `bench/hostcpu/study.py`), "
+        f"engine step held {args.pace_ms:g} ms; "
         f"one Generate and one Derender replica; each row warmed up, then run "
         f"{args.repeat} time(s) (graph modes in turn), CPU and tokens summed.",
         "",

@@ -66,22 +66,37 @@ GRAPH_MODES = ("tokens", "inline", "tier")
 ENGINE_CORE = "EngineCore"  # vLLM titles its engine core process VLLM::EngineCore
 
 
+# --traffic: "short", the four prompts above as the model's defaults sample them;
+# "reasoning", every stream the reasoning prompt at temperature 1, so the parsers
+# see long random reasoning; "reasoning-seeded", the same with a seed per request
+# (the traffic of the benchmark in vLLM PR #58588).
+TRAFFIC = ("short", "reasoning", "reasoning-seeded")
+SEED_BASE = 1000
+
+
 @dataclass
 class Load:
     streams: int
     tokens: int
     pace_ms: float
+    traffic: str = "short"
 
     def chat(self, i: int) -> dict[str, Any]:
-        return {
+        prompt = PROMPTS[i % len(PROMPTS)] if self.traffic == "short" else PROMPTS[0]
+        body: dict[str, Any] = {
             "model": str(TINY_MODEL),
-            "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+            "messages": [{"role": "user", "content": prompt}],
             "max_tokens": self.tokens,
             "ignore_eos": True,
             "stream": True,
             "stream_options": {"include_usage": True},
             "vllm_xargs": {"pace_ms": self.pace_ms},
         }
+        if self.traffic != "short":
+            body["temperature"] = 1.0
+        if self.traffic == "reasoning-seeded":
+            body["seed"] = SEED_BASE + i
+        return body
 
 
 def cpu_s(pid: int) -> tuple[float, float]:
@@ -149,7 +164,7 @@ async def _run_load(base_url: str, load: Load, mode: str) -> tuple[int, float]:
 
 def measure(server: Server, load: Load, mode: str, port: int | None) -> Result:
     """Warm the path up, then run ``load`` once and read the CPU it took."""
-    warm = Load(streams=min(4, load.streams), tokens=16, pace_ms=0)
+    warm = Load(streams=min(4, load.streams), tokens=16, pace_ms=0, traffic=load.traffic)
     asyncio.run(_run_load(server.base_url, warm, mode))
     return measure_warm(server, load, mode, port)
 
@@ -243,6 +258,7 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=24)
     parser.add_argument("--tokens", type=int, default=256, help="output tokens per stream")
     parser.add_argument("--pace-ms", type=float, default=15, help="engine step (ms)")
+    parser.add_argument("--traffic", choices=TRAFFIC, default="short", help="what the streams ask")
     parser.add_argument("--modes", default="vllm,tokens,inline,tier")
     parser.add_argument("--repeat", type=int, default=3, help="runs per row, summed")
     parser.add_argument("--graph-env", default="", help="K=V,... set on `serve run` for the graph")
@@ -254,7 +270,7 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=None, help="write a markdown report here")
     args = parser.parse_args()
-    load = Load(args.streams, args.tokens, args.pace_ms)
+    load = Load(args.streams, args.tokens, args.pace_ms, args.traffic)
     modes = args.modes.split(",")
     graph_modes = [m for m in modes if m in GRAPH_MODES]
     results: list[Result] = []
