@@ -1,0 +1,42 @@
+"""bench.requests.profile: py-spy's collapsed stacks read and attributed to stages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.requests.profile import attribute, stacks
+
+RAW = (
+    "Thread.run (threading.py:982);Ingress.chat_completions (deployments/ingress.py:120);"
+    "parse_body (deployments/edge/bodies.py:40);BaseModel.model_validate (pydantic/main.py:7) 3\n"
+    "Thread.run (threading.py:982);AsyncioRouter.assign_request (ray/serve/_private/router.py:9);"
+    "dumps (ray/cloudpickle/cloudpickle.py:1) 5\n"
+    "Thread.run (threading.py:982);Logger._log (logging/__init__.py:1) 2\n"
+    "not a stack line\n"
+)
+
+
+def test_stacks_read_frames_root_first_with_their_counts(tmp_path: Path) -> None:
+    raw = tmp_path / "raw.txt"
+    raw.write_text(RAW)
+    read = stacks(raw)
+    assert [count for _, count in read] == [3, 5, 2]
+    assert read[0][0][0].startswith("Thread.run") and read[0][0][-1].startswith("BaseModel")
+
+
+def test_stages_count_a_frame_anywhere_in_the_stack_and_overlap(tmp_path: Path) -> None:
+    raw = tmp_path / "raw.txt"
+    raw.write_text(RAW)
+    shares, top = attribute(stacks(raw), top=2)
+    assert shares["  body parsed and validated (pydantic)"] == pytest.approx(0.3)
+    # the pickling under a handle call counts for both stages
+    assert shares["Serve: routing and sending a handle call"] == pytest.approx(0.5)
+    assert shares["pickling between tiers (both ways)"] == pytest.approx(0.5)
+    assert shares["logging"] == pytest.approx(0.2)
+    assert shares["vLLM: engine client (AsyncLLM)"] == 0
+    assert top == [
+        ("dumps (ray/cloudpickle/cloudpickle.py)", 0.5),
+        ("BaseModel.model_validate (pydantic/main.py)", 0.3),
+    ]
