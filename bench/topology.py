@@ -4,7 +4,9 @@ Profile ``local`` runs ``configs/<name>.yaml`` (the CPU-local default);
 profile ``gpu`` runs ``configs/gpu.yaml`` with that topology's switches, as
 the k8s overlays do. The config runs as written except for what a benchmark
 host must change: a free port and, optionally, the KV cache size and any
-graph arg (``--set generate.num_cpus=0.5``).
+graph arg (``--set generate.num_cpus=0.5``). Several local topologies can also run
+side by side in one ``serve run``, each as its own application under
+``/<topology>`` (``running_topologies``).
 """
 
 from __future__ import annotations
@@ -73,3 +75,41 @@ def running_topology(
         unset=() if serve_switches else tuple(SERVE_ENV),
     ) as server:
         yield server.base_url
+
+
+def topologies_config(names: list[str], port: int, overrides: Overrides) -> dict[str, Any]:
+    """One Serve config running each local topology as its own application, named
+    and routed by the topology (``/s``, ``/bp``), beside the others. The files must
+    agree on all but their application, as configs/ does."""
+    configs = {name: topology_config(name, port, overrides) for name in names}
+    shell = {k: v for k, v in configs[names[0]].items() if k != "applications"}
+    for name, config in configs.items():
+        if {k: v for k, v in config.items() if k != "applications"} != shell:
+            message = f"configs/{name}.yaml differs from configs/{names[0]}.yaml outside its app"
+            raise ValueError(message)
+    apps = []
+    for name, config in configs.items():
+        (app,) = config["applications"]
+        apps.append({**app, "name": name.lower(), "route_prefix": f"/{name.lower()}"})
+    return {**shell, "applications": apps}
+
+
+@contextlib.contextmanager
+def running_topologies(
+    names: list[str], work_dir: Path, overrides: Overrides
+) -> Iterator[dict[str, str]]:
+    """``serve run`` the local topologies side by side (``topologies_config``), with
+    the graph's Serve switches; yields each one's base URL once all are healthy."""
+    port = free_port()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    path = work_dir / "topologies.yaml"
+    path.write_text(yaml.safe_dump(topologies_config(names, port, overrides)))
+    prefixes = {name: f"/{name.lower()}" for name in names}
+    with running(
+        [str(VENV_BIN / "serve"), "run", str(path)],
+        port=port,
+        log_path=work_dir / "topologies.serve.log",
+        health_paths=[f"{prefix}/health" for prefix in prefixes.values()],
+        env=graph_env(),
+    ) as server:
+        yield {name: server.base_url + prefix for name, prefix in prefixes.items()}

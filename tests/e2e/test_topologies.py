@@ -2,20 +2,22 @@
 
 Each config runs as written but on a free port, a smaller KV cache and no
 torch.compile (engines start 10-50 s sooner; the cluster suite runs the compiled
-default), as the benchmark starts it
-(``bench.topology``), one after another: G tokens,
-T text, B/BP per-chunk stateless derender (with and without parsers), S/I
-chat. Topologies whose config files hold the same Serve config (T and I; B
-and S: they differ in how clients use the graph, not in the graph) share one
-graph, and every check of theirs runs on it. G starts as a user's plain
+default), as the benchmark starts it (``bench.topology``): G tokens, T text,
+B/BP per-chunk stateless derender (with and without parsers), S/I chat.
+Topologies whose config files hold the same Serve config (T and I; B and S: they
+differ in how clients use the graph, not in the graph) share one application,
+and every check of theirs runs on it. G starts as a user's plain
 ``serve run configs/G.yaml`` would, without the graph's Serve switches in Ray's
-environment: it serves, and its control plane says loudly what is missing.
+environment: it serves, and its control plane says loudly what is missing. The
+others run side by side in one ``serve run`` with the switches, each file's
+application under its own route prefix (``/i``, ``/bp``, ``/s``): one Ray
+cluster and one start for three graphs, each built from its file's args.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ import httpx
 import pytest
 
 from bench.harness.servers import TINY_MODEL
-from bench.topology import CONFIGS, Overrides, running_topology
+from bench.topology import CONFIGS, Overrides, running_topologies, running_topology
 from deployments.config.serve_env import SERVE_ENV
 from deployments.config.topologies import serve_config
 
@@ -148,23 +150,43 @@ MISSING_SWITCHES = "runs the graph without its Serve switches"
 WITHOUT_SWITCHES = "G"
 
 
-@pytest.mark.parametrize("topologies", GROUPS, ids=["+".join(g) for g in GROUPS])
-def test_topology_serves(topologies: list[str], tmp_path: Path) -> None:
-    switches = topologies[0] != WITHOUT_SWITCHES
+def missing_switch_warnings(log: Path) -> list[str]:
+    text = log.read_text(errors="replace")
+    return [line for line in text.splitlines() if MISSING_SWITCHES in line]
+
+
+SIDE_BY_SIDE = [group for group in GROUPS if group[0] != WITHOUT_SWITCHES]
+
+
+@pytest.fixture(scope="module")
+def side_by_side(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], Path]]:
+    """Every topology but G, each its own application of one ``serve run``."""
+    work = tmp_path_factory.mktemp("topologies")
+    names = [group[0] for group in SIDE_BY_SIDE]
+    with running_topologies(names, work, EAGER_SMALL_CACHE) as urls:
+        yield urls, work / "topologies.serve.log"
+
+
+@pytest.mark.parametrize("topologies", SIDE_BY_SIDE, ids=["+".join(g) for g in SIDE_BY_SIDE])
+def test_topology_serves(topologies: list[str], side_by_side: tuple[dict[str, str], Path]) -> None:
+    urls, log = side_by_side
+    with httpx.Client(base_url=urls[topologies[0]], timeout=120) as client:
+        for topology in topologies:
+            CHECKS[topology](client)
+    assert not missing_switch_warnings(log)
+
+
+def test_topology_without_the_serve_switches_serves_and_says_what_it_lacks(
+    tmp_path: Path,
+) -> None:
     with (
         running_topology(
-            topologies[0], tmp_path, EAGER_SMALL_CACHE, serve_switches=switches
+            WITHOUT_SWITCHES, tmp_path, EAGER_SMALL_CACHE, serve_switches=False
         ) as url,
         httpx.Client(base_url=url, timeout=120) as client,
     ):
-        for topology in topologies:
-            CHECKS[topology](client)
-    log = (tmp_path / f"{topologies[0]}.serve.log").read_text(errors="replace")
-    warnings = [line for line in log.splitlines() if MISSING_SWITCHES in line]
-    if switches:
-        assert not warnings, warnings
-    else:  # one warning, naming every switch Ray started without
-        assert len(warnings) == 1, warnings
-        assert all(
-            f"{name}={value} (here: None)" in warnings[0] for name, value in SERVE_ENV.items()
-        )
+        CHECKS[WITHOUT_SWITCHES](client)
+    warnings = missing_switch_warnings(tmp_path / f"{WITHOUT_SWITCHES}.serve.log")
+    # one warning, naming every switch Ray started without
+    assert len(warnings) == 1, warnings
+    assert all(f"{name}={value} (here: None)" in warnings[0] for name, value in SERVE_ENV.items())

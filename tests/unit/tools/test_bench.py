@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import bench.topology
 from bench.arrivals import Phase, arrival_times, parse_ramp
 from bench.capacity import Rung, highest
 from bench.cli import reproducing_command
@@ -16,7 +18,7 @@ from bench.metrics import engine_busy, engine_steps, running_requests
 from bench.report import cell_text, cpu_per_1k_table, markdown_table
 from bench.shapes import make_requests, output_range
 from bench.stats import CellSummary, RequestRecord, percentile, summarize, tpot_ms
-from bench.topology import Overrides, topology_config
+from bench.topology import Overrides, topologies_config, topology_config
 from deployments.config.graph_config import GraphConfig
 from deployments.config.topologies import TOPOLOGIES
 
@@ -163,6 +165,33 @@ def test_set_args_nest_over_the_config() -> None:
     assert derender["num_cpus"] == "0.2"
     assert derender["autoscaling"]["max_replicas"] == 3  # the config's own, kept
     assert GraphConfig.from_args(config["applications"][0]["args"]).derender.num_cpus == 0.2
+
+
+def test_topologies_side_by_side_are_each_files_application_under_its_name() -> None:
+    overrides = Overrides(kv_cache_gib=1, args={"enforce_eager": "true"})
+    config = topologies_config(["I", "BP", "S"], 1234, overrides)
+    assert config["http_options"]["port"] == 1234
+    apps = {app["name"]: app for app in config["applications"]}
+    assert list(apps) == ["i", "bp", "s"]
+    for name, app in apps.items():
+        alone = topology_config(name.upper(), 1234, overrides)["applications"][0]
+        assert app["route_prefix"] == f"/{name}"
+        assert app["args"] == alone["args"] and app["import_path"] == alone["import_path"]
+    assert apps["bp"]["args"] != apps["s"]["args"]
+
+
+def test_topologies_that_differ_outside_their_application_do_not_share_a_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = bench.topology.topology_config
+
+    def other_proxy(name: str, port: int, overrides: Overrides) -> dict[str, Any]:
+        config = real(name, port, overrides)
+        return {**config, "proxy_location": "EveryNode"} if name == "S" else config
+
+    monkeypatch.setattr(bench.topology, "topology_config", other_proxy)
+    with pytest.raises(ValueError, match=r"S\.yaml differs"):
+        topologies_config(["I", "S"], 1234, Overrides())
 
 
 def test_running_requests_reads_the_gauge_per_replica() -> None:
