@@ -9,8 +9,8 @@ closed-loop load of ``bench.requests`` runs at ``--concurrency``. Only samples
 of the thread that holds the GIL count (``--gil``): the Python work and what it
 calls. Each stage below is the share of those samples with the stage's frame
 anywhere in the stack (stages nest, so shares overlap), turned into CPU ms per
-request with the replica's own CPU per request, read from the process table
-around the same window.
+request with the GIL-held time per request. Then each replica is sampled the
+same way over ``--idle-s`` seconds of no traffic: what an idle graph spends.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +59,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("metrics (Serve's and vLLM's)", ("Metric._record", "StatLoggerManager.record")),
 ]
 PROFILED = {"inline": ("Ingress", "Render", "Generate"), "tier": ("Derender", "Generate")}
+IDLE_KINDS = ("Ingress", "Render", "Generate", "Derender", "AbortFanout")
 
 
 @dataclass
@@ -110,28 +112,41 @@ def attribute(samples: list[tuple[list[str], int]], top: int) -> tuple[dict[str,
     return shares, [(frame, n / total) for frame, n in leaves.most_common(top)]
 
 
-def profile_one(
-    server: Server, pid: int, kind: str, mode: str, load: ShortChats, args: argparse.Namespace
-) -> Profile:
-    raw = Path(tempfile.mkstemp(prefix=f"spy-{kind}-", suffix=".txt")[1])
+def spied(pid: int, rate: int, work: Callable[[], object]) -> tuple[list, float]:
+    """py-spy's samples of ``pid`` and its CPU seconds while ``work()`` runs."""
+    raw = Path(tempfile.mkstemp(prefix="spy-", suffix=".txt")[1])
     spy = subprocess.Popen(
-        [str(VENV_BIN / "py-spy"), "record", "--pid", str(pid), "--rate", str(args.rate),
+        [str(VENV_BIN / "py-spy"), "record", "--pid", str(pid), "--rate", str(rate),
          "--format", "raw", "--output", str(raw), "--gil", "--nonblocking"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    time.sleep(1)  # py-spy attached before the load starts
+    time.sleep(1)  # py-spy attached before the work starts
     process = psutil.Process(pid)
     before = sum(process.cpu_times()[:2])
-    headers = {"X-Text-Placement": mode}
-    timings, _ = asyncio.run(
-        closed_loop(server.base_url, load, args.concurrency, args.requests, headers)
-    )
+    work()
     cpu = sum(process.cpu_times()[:2]) - before
     spy.send_signal(signal.SIGINT)  # py-spy writes what it has and exits
     spy.wait(timeout=60)
     samples = stacks(raw)
     raw.unlink()
+    return samples, cpu
+
+
+def profile_one(
+    server: Server, pid: int, kind: str, mode: str, load: ShortChats, args: argparse.Namespace
+) -> Profile:
+    headers = {"X-Text-Placement": mode}
+    timings: list = []
+
+    def work() -> None:
+        timings.extend(
+            asyncio.run(
+                closed_loop(server.base_url, load, args.concurrency, args.requests, headers)
+            )[0]
+        )
+
+    samples, cpu = spied(pid, args.rate, work)
     shares, top = attribute(samples, args.top)
     count = sum(c for _, c in samples)
     n = len(timings)
@@ -139,7 +154,23 @@ def profile_one(
     return Profile(mode, kind, n, cpu / n * 1000, gil_ms, count, shares, top)
 
 
-def report(args: argparse.Namespace, profiles: list[Profile]) -> str:
+@dataclass
+class Idle:
+    kind: str
+    cpu_share: float
+    """Of one core, every thread, from the process table."""
+    gil_share: float
+    top_self: list[tuple[str, float]]
+
+
+def profile_idle(pid: int, kind: str, args: argparse.Namespace) -> Idle:
+    samples, cpu = spied(pid, args.rate, lambda: time.sleep(args.idle_s))
+    count = sum(c for _, c in samples)
+    _, top = attribute(samples, args.top)
+    return Idle(kind, cpu / args.idle_s, count / args.rate / args.idle_s, top)
+
+
+def report(args: argparse.Namespace, profiles: list[Profile], idle: list[Idle]) -> str:
     lines = [
         "# Where each replica's CPU goes per request",
         "",
@@ -175,6 +206,18 @@ def report(args: argparse.Namespace, profiles: list[Profile]) -> str:
         lines += ["", "Frames with the most samples of their own:", ""]
         lines += [f"- {share:.1%} `{frame}`" for frame, share in p.top_self]
         lines.append("")
+    if idle:
+        lines += [
+            f"## Idle: each replica over {args.idle_s:g} s of no traffic",
+            "",
+            "CPU as a share of one core (every thread), the time a thread held the GIL, "
+            "and the frames that held it most.",
+            "",
+        ]
+        for i in idle:
+            lines += [f"### {i.kind}: CPU {i.cpu_share:.1%}, GIL held {i.gil_share:.1%}", ""]
+            lines += [f"- {share:.1%} `{frame}`" for frame, share in i.top_self]
+            lines.append("")
     return "\n".join(lines)
 
 
@@ -185,6 +228,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=400, help="per replica profiled")
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--idle-s", type=float, default=30, help="each replica idle; 0: none")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     load = ShortChats(model=str(TINY_MODEL), tokens=args.tokens)
@@ -201,7 +245,13 @@ def main() -> None:
                 profiles.append(profile_one(server, pids[kind], kind, mode, load, args))
                 per_request = profiles[-1].cpu_ms_per_request
                 print(f"{kind} ({mode}): {per_request:.1f} ms/request", flush=True)
-    text = report(args, profiles)
+        idle = []
+        if args.idle_s > 0:
+            time.sleep(5)  # the load's last work (metric pushes, logs) drains
+            for kind in IDLE_KINDS:
+                idle.append(profile_idle(pids[kind], kind, args))
+                print(f"{kind} idle: {idle[-1].cpu_share:.1%} of a core", flush=True)
+    text = report(args, profiles, idle)
     print(text)
     if args.out is not None:
         args.out.write_text(text)
