@@ -32,8 +32,8 @@ class ReasoningCounter:
     def __init__(self, derenderer: OnlineDerenderer, kept: int = KEPT_PARSERS) -> None:
         parser = derenderer.parser
         self._cls = parser.reasoning_parser_cls if parser is not None else None
-        self._tokenizer = derenderer.renderer.get_tokenizer()
-        self._model_config = derenderer.model_config
+        # Asked for only when a count needs a parser: a tokens-only Generate has none.
+        self._derenderer = derenderer
         self._kept = kept
         self._parsers: OrderedDict[str, ReasoningParser] = OrderedDict()
 
@@ -62,7 +62,7 @@ class ReasoningCounter:
         assert self._cls is not None
         # As vLLM's Parser builds its reasoning parser (vllm/parser/abstract_parser.py).
         return self._cls(
-            self._tokenizer,
-            model_config=self._model_config,
+            self._derenderer.renderer.get_tokenizer(),
+            model_config=self._derenderer.model_config,
             chat_template_kwargs=dict(template_kwargs),
         )

@@ -10,8 +10,9 @@ and every check of theirs runs on it. G starts as a user's plain
 ``serve run configs/G.yaml`` would, without the graph's Serve switches in Ray's
 environment: it serves, and its control plane says loudly what is missing. The
 others run side by side in one ``serve run`` with the switches, each file's
-application under its own route prefix (``/i``, ``/bp``, ``/s``): one Ray
-cluster and one start for three graphs, each built from its file's args.
+application under its own route prefix (``/i``, ``/bp``, ``/s``) and with
+fewer logical CPUs, so three fit this host: one Ray cluster and one start for
+three graphs, each built from its file's args.
 """
 
 from __future__ import annotations
@@ -156,6 +157,17 @@ def missing_switch_warnings(log: Path) -> list[str]:
 
 
 SIDE_BY_SIDE = [group for group in GROUPS if group[0] != WITHOUT_SWITCHES]
+# Three graphs on this 2-core host: their logical CPUs cut so all fit (Ray places by
+# these; what runs is unchanged).
+SHARED_CPUS = {
+    "generate.num_cpus": "0.3",
+    "render.num_cpus": "0.1",
+    "derender.num_cpus": "0.1",
+    "ingress.num_cpus": "0.05",
+}
+SIDE_BY_SIDE_OVERRIDES = Overrides(
+    kv_cache_gib=EAGER_SMALL_CACHE.kv_cache_gib, args={**EAGER_SMALL_CACHE.args, **SHARED_CPUS}
+)
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +175,7 @@ def side_by_side(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dic
     """Every topology but G, each its own application of one ``serve run``."""
     work = tmp_path_factory.mktemp("topologies")
     names = [group[0] for group in SIDE_BY_SIDE]
-    with running_topologies(names, work, EAGER_SMALL_CACHE) as urls:
+    with running_topologies(names, work, SIDE_BY_SIDE_OVERRIDES) as urls:
         yield urls, work / "topologies.serve.log"
 
 

@@ -9,6 +9,7 @@ must equal a fresh parser's whatever came before them.
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -79,5 +80,18 @@ def test_keeps_a_bounded_number_of_parsers(derenderer: Any) -> None:
 
 def test_without_a_reasoning_parser_nothing_counts() -> None:
     counter = ReasoningCounter(derenderer_of({"tool_call_parser": "hermes"}))
+    assert not counter.counts
+    assert counter.count({}, [1, 2, 3]) == 0
+
+
+class _NoTokenizer:
+    def get_tokenizer(self) -> Any:
+        raise ValueError("Tokenizer not available when `skip_tokenizer_init=True`")
+
+
+def test_a_derenderer_without_tokenizer_or_parser_still_gets_a_counter() -> None:
+    # A tokens-only Generate: its derenderer has neither (e2e topology G).
+    derenderer: Any = SimpleNamespace(parser=None, renderer=_NoTokenizer(), model_config=None)
+    counter = ReasoningCounter(derenderer)
     assert not counter.counts
     assert counter.count({}, [1, 2, 3]) == 0
