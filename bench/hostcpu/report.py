@@ -129,7 +129,8 @@ def report(args: argparse.Namespace, results: list[Result], labels: list[str]) -
         "*less engine core*: the Generate host without it, i.e. serving work and the "
         "model; *tokens/step*: output tokens per engine step (the count of vLLM's "
         "`vllm:iteration_tokens_total`; equal steps mean equal model and scheduler work). "
-        "The tier columns are the graph's replica process trees and Serve's HTTP proxy.",
+        "The tier columns are the graph's replica process trees and Serve's proxy actor "
+        "(idle behind HAProxy, which carries the traffic and counts in all processes).",
         "",
         "**Why the engine core column moves between rows.** On CPU, vLLM's engine core "
         "waits for its worker's step in a spin loop (`shm_broadcast.SpinCondition.wait`: "

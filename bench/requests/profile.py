@@ -9,7 +9,7 @@ closed-loop load of ``bench.requests`` runs at ``--concurrency``. Only samples
 of the thread that holds the GIL count (``--gil``): the Python work and what it
 calls. Each stage below is the share of those samples with the stage's frame
 anywhere in the stack (stages nest, so shares overlap), turned into CPU ms per
-request with the GIL-held time per request. Then each replica is sampled the
+request with the replica's CPU per request. Then each replica is sampled the
 same way over ``--idle-s`` seconds of no traffic: what an idle graph spends.
 """
 
@@ -37,6 +37,10 @@ from bench.requests.study import graph_server
 from deployments.config.graph_config import TINY_MODEL
 from deployments.config.serve_env import SERVE_ENV
 
+# The replica's side of a handle call: Serve's frames with no frame of the project's or
+# vLLM's code above them (which the stages below count).
+SERVE_REPLICA_CALL = ("Replica.handle_request_with_rejection", "_wrap_grpc_call")
+USER_CODE = ("(deployments/", "(vllm/")
 # (stage, frame names any of which in a stack puts the sample in the stage)
 STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("HTTP server: uvicorn, Starlette, FastAPI", ("RequestResponseCycle.run_asgi",)),
@@ -47,7 +51,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
         "Serve: a handle call's items read back",
         ("DeploymentResponseGenerator.__anext__", "DeploymentResponse.__await__"),
     ),
-    ("Serve: a call taken in by the replica", ("Replica.handle_request_with_rejection",)),
+    ("Serve: a call taken in by the replica, less the code it runs", SERVE_REPLICA_CALL),
     ("pickling between tiers (both ways)", ("cloudpickle.py", "RPCSerializer.")),
     ("vLLM: rendering (chat template, tokens)", ("ServingRender.",)),
     ("vLLM: parsers built (per request)", ("Parser.__init__",)),
@@ -104,7 +108,13 @@ def attribute(samples: list[tuple[list[str], int]], top: int) -> tuple[dict[str,
     total = sum(count for _, count in samples) or 1
     shares: dict[str, float] = {}
     for stage, frames in STAGES:
-        hit = sum(c for stack, c in samples if any(f in s for s in stack for f in frames))
+        unless = USER_CODE if frames is SERVE_REPLICA_CALL else ()
+        hit = sum(
+            c
+            for stack, c in samples
+            if any(f in s for s in stack for f in frames)
+            and not any(u in s for s in stack for u in unless)
+        )
         shares[stage] = hit / total
     leaves: Counter[str] = Counter()
     for stack, count in samples:
@@ -184,9 +194,11 @@ def report(args: argparse.Namespace, profiles: list[Profile], idle: list[Idle]) 
         "over the same load (the rest is native work outside the GIL: gRPC's and Ray's "
         "C++ threads, tokenizers). A stage's share counts the samples with one of its "
         "frames anywhere in the stack (stages nest and overlap); its ms/request is that "
-        "share of the GIL-held time. py-spy's sampling takes CPU of its own, so the "
-        "absolute figures run above `bench.requests`' (docs/request-overhead.md); the "
-        "shares are the point.",
+        "share of the replica's CPU per request. On this oversubscribed host GIL-held time "
+        "can run above CPU time (a thread the kernel preempts still holds the GIL), so the "
+        "shares are the measure and the ms a guide. py-spy's sampling takes CPU of its "
+        "own, so the absolute figures run above `bench.requests`' "
+        "(docs/request-overhead.md).",
         "",
     ]
     for p in profiles:
@@ -201,7 +213,7 @@ def report(args: argparse.Namespace, profiles: list[Profile], idle: list[Idle]) 
         ]
         for stage, share in p.stage_share.items():
             if share >= 0.005:
-                ms = share * p.gil_ms_per_request
+                ms = share * p.cpu_ms_per_request
                 lines.append(f"| {stage} | {share:.0%} | {ms:.2f} |")
         lines += ["", "Frames with the most samples of their own:", ""]
         lines += [f"- {share:.1%} `{frame}`" for frame, share in p.top_self]

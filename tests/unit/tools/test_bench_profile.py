@@ -40,3 +40,17 @@ def test_stages_count_a_frame_anywhere_in_the_stack_and_overlap(tmp_path: Path) 
         ("dumps (ray/cloudpickle/cloudpickle.py)", 0.5),
         ("BaseModel.model_validate (pydantic/main.py)", 0.3),
     ]
+
+
+def test_serves_side_of_a_call_leaves_out_the_code_the_call_runs(tmp_path: Path) -> None:
+    raw = tmp_path / "raw.txt"
+    raw.write_text(
+        "Replica.handle_request_with_rejection (ray/serve/_private/replica.py:1);"
+        "Replica._wrap_request (ray/serve/_private/replica.py:2) 4\n"
+        "Replica.handle_request_with_rejection (ray/serve/_private/replica.py:1);"
+        "Render.render_chat (deployments/render.py:3);"
+        "ServingRender.render_chat_request (vllm/entrypoints/scale_out/render/serving.py:4) 6\n"
+    )
+    shares, _ = attribute(stacks(raw), top=1)
+    assert shares["Serve: a call taken in by the replica, less the code it runs"] == 0.4
+    assert shares["vLLM: rendering (chat template, tokens)"] == 0.6
