@@ -25,12 +25,26 @@ from tests.integration.test_failure_semantics import HANG_GUARD_S, running_reque
 NO_LIVE_GENERATE = "no Generate replica is running"
 
 
+# A request down each router that reaches Generate: the Ingress's, and a Derender's.
+ROUTED_PROBES = (
+    ("/inference/v1/generate", {"token_ids": [1, 2], "sampling_params": {"max_tokens": 1}}, {}),
+    ("/v1/chat/completions", {**CHAT, "max_tokens": 1}, {"X-Text-Placement": "tier"}),
+)
+
+
 def wait_all_back(client: httpx.Client, replicas: int) -> None:
     deadline = time.monotonic() + 300
     while len(running_requests(client)) != replicas and time.monotonic() < deadline:
         time.sleep(2)
     assert len(running_requests(client)) == replicas, "Serve did not bring Generate back"
     assert client.get("/health").status_code == 200
+    # The control plane counts a new replica once it subscribes, in its __init__; the
+    # routers that send it requests hear of it when Serve's controller marks it running
+    # (its loop ticks once a second), and until then answer 503 for want of a replica.
+    for path, body, headers in ROUTED_PROBES:
+        while (answer := client.post(path, json=body, headers=headers)).status_code != 200:
+            assert time.monotonic() < deadline, answer.text
+            time.sleep(0.5)
 
 
 def test_a_replica_whose_engine_died_exits_and_is_replaced(
