@@ -37,9 +37,8 @@ from bench.requests.study import graph_server
 from deployments.config.graph_config import TINY_MODEL
 from deployments.config.serve_env import SERVE_ENV
 
-# The replica's side of a handle call: Serve's frames with no frame of the project's or
-# vLLM's code above them (which the stages below count).
-SERVE_REPLICA_CALL = ("Replica.handle_request_with_rejection", "_wrap_grpc_call")
+# The project's and vLLM's code, which a call into a replica runs (the stages below count
+# it; Serve's side of the call is what is left).
 USER_CODE = ("(deployments/", "(vllm/")
 # (stage, frame names any of which in a stack puts the sample in the stage)
 STAGES: list[tuple[str, tuple[str, ...]]] = [
@@ -51,7 +50,10 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
         "Serve: a handle call's items read back",
         ("DeploymentResponseGenerator.__anext__", "DeploymentResponse.__await__"),
     ),
-    ("Serve: a call taken in by the replica, less the code it runs", SERVE_REPLICA_CALL),
+    (
+        "Serve: a call taken in by the replica, less the code it runs",
+        ("Replica.handle_request_with_rejection", "_wrap_grpc_call"),
+    ),
     ("pickling between tiers (both ways)", ("cloudpickle.py", "RPCSerializer.")),
     ("vLLM: rendering (chat template, tokens)", ("ServingRender.",)),
     ("vLLM: parsers built (per request)", ("Parser.__init__",)),
@@ -108,7 +110,7 @@ def attribute(samples: list[tuple[list[str], int]], top: int) -> tuple[dict[str,
     total = sum(count for _, count in samples) or 1
     shares: dict[str, float] = {}
     for stage, frames in STAGES:
-        unless = USER_CODE if frames is SERVE_REPLICA_CALL else ()
+        unless = USER_CODE if stage.startswith("Serve: a call taken in") else ()
         hit = sum(
             c
             for stack, c in samples
