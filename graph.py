@@ -8,7 +8,10 @@
 (unknown keys and bad values fail here, before anything starts) and binds
 Ingress → Render + Generate + Derender (→ Generate) + the control plane, to which
 every Generate and Derender replica subscribes (``deployments/transport/control_channel.py``).
-Each deployment module owns its options (``*_deployment(config)``); this only binds.
+Each deployment's options are declared next to it, in ``deployments/declarations/``
+(``*_deployment(config)``), by the import path of its class: building the graph
+imports no replica's code and so no vLLM (the ``serve run`` CLI, KubeRay's head);
+each replica imports its own. This only binds.
 
 ``serve run graph:app`` imports this module before it starts Ray, and every Ray
 process it starts inherits this process's environment: so the graph's Serve
@@ -28,11 +31,11 @@ from ray.serve import Application
 
 from deployments.config.graph_config import GraphConfig
 from deployments.config.serve_env import set_missing_switches
-from deployments.control_plane import control_plane_deployment
-from deployments.derender import derender_deployment, derender_max_replicas
-from deployments.generate import generate_deployment
-from deployments.ingress import ingress_deployment, ingress_max_replicas
-from deployments.render import render_deployment
+from deployments.declarations.control_plane import control_plane_deployment
+from deployments.declarations.derender import derender_deployment, derender_max_replicas
+from deployments.declarations.generate import generate_deployment
+from deployments.declarations.ingress import ingress_deployment, ingress_max_replicas
+from deployments.declarations.render import render_deployment
 
 # The embedded default: the tiny model this repo builds, with its parsers.
 EMBEDDED_DEFAULT: dict[str, Any] = {"reasoning_parser": "qwen3", "tool_call_parser": "hermes"}

@@ -23,9 +23,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ray import serve
 from ray.exceptions import RayActorError
-from ray.serve.deployment import Deployment
 
 from deployments.config.serve_env import missing_switches, switches_warning
 from deployments.messages.control import CommandKind, ControlCommand, EngineState, Tier
@@ -50,17 +48,6 @@ class _Subscriber:
     """The replica's Ray actor handle, to tell a dead replica from a slow one."""
 
 
-@serve.deployment(
-    name="AbortFanout",
-    num_replicas=1,
-    # Not 0: a head started with num-cpus 0 (as KubeRay's) keeps only actors that ask
-    # for CPUs off it, and no replica of the graph belongs on the head.
-    ray_actor_options={"num_cpus": 0.01},
-    # One subscription per data-plane replica, plus the control calls themselves.
-    max_ongoing_requests=1000,
-    # The subscriptions never end by themselves; shutting down need not wait for them.
-    graceful_shutdown_timeout_s=1,
-)
 class ControlPlane:
     """Abort, ``/metrics`` and ``/health`` across every Generate and Derender replica."""
 
@@ -206,9 +193,3 @@ async def _ping(actor: Any) -> None:
 def _ints(results: list[Any]) -> list[int]:
     """Answers that came back as counts."""
     return [r for r in results if isinstance(r, int)]
-
-
-def control_plane_deployment() -> Deployment:
-    """The control plane as its class declares it: one small replica, no options."""
-    deployment: Deployment = ControlPlane  # type: ignore[assignment]  # made one by @serve.deployment
-    return deployment

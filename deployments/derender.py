@@ -17,7 +17,6 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from ray import serve
-from ray.serve.deployment import Deployment
 from ray.serve.handle import DeploymentHandle
 from vllm.entrypoints.openai.chat_completion.protocol import (
     ChatCompletionResponse,
@@ -49,7 +48,6 @@ from deployments.messages.tier import (
     served_by,
 )
 from deployments.render import build_render_state
-from deployments.routing.pinned_router import PINNED_ROUTING
 from deployments.text.output import ChunkEvent, TextOutput, openai_event, tokens_request
 from deployments.text.sse import sse_event
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
@@ -57,25 +55,7 @@ from deployments.transport.replica_assignment import wait_routed
 from deployments.transport.step_channel import ChannelSource, Outboxes, StepChannels
 from deployments.vllm_adapter.internals import client_request_id
 
-DERENDER_AUTOSCALING: dict[str, Any] = {
-    "min_replicas": 1,
-    "max_replicas": 4,
-    "target_ongoing_requests": 8,
-    "upscale_delay_s": 2,
-    "downscale_delay_s": 10,
-}
 
-
-@serve.deployment(
-    name="Derender",
-    ray_actor_options={"num_cpus": 0.25},
-    max_ongoing_requests=64,
-    # Per caller: past this many waiting, 503 + Retry-After at once, not a wait
-    # without end (Serve's default is no bound).
-    max_queued_requests=1024,
-    autoscaling_config=DERENDER_AUTOSCALING,
-    request_router_config=PINNED_ROUTING,
-)
 class Derender(ChannelSource):
     async def __init__(  # type: ignore[misc]
         self, config: GraphConfig, generate: DeploymentHandle, control: DeploymentHandle
@@ -250,19 +230,4 @@ def _derender_event(chunk: Any) -> str:
             ],
             usage=chunk.usage,
         )
-    )
-
-
-def derender_max_replicas(config: GraphConfig) -> int:
-    """The most Derender replicas ``config`` allows: each may hold a step channel on
-    every Generate replica."""
-    return config.derender.max_replicas(DERENDER_AUTOSCALING["max_replicas"])
-
-
-def derender_deployment(config: GraphConfig, channel_callers: int) -> Deployment:
-    """Derender as ``config`` asks for it, with a slot on each replica for each of the
-    ``channel_callers`` (Ingress replicas) that may hold a step channel there."""
-    deployment = config.derender.applied_to(Derender)
-    return deployment.options(
-        max_ongoing_requests=deployment.max_ongoing_requests + channel_callers
     )

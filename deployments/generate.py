@@ -21,7 +21,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from ray import serve
-from ray.serve.deployment import Deployment
 from ray.serve.handle import DeploymentHandle
 from starlette.datastructures import State
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
@@ -42,8 +41,6 @@ from deployments.routing.engine_blocks import (
     EventSubscriber,
     events_endpoint,
 )
-from deployments.routing.pinned_router import PINNED_ROUTING
-from deployments.routing.prefix_router import prefix_routing
 from deployments.text.output import TextOutput, tokens_request
 from deployments.transport.coalesce import coalesced
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
@@ -84,14 +81,6 @@ async def start_vllm_engine(args: argparse.Namespace) -> Any:
     )
 
 
-def engine_env(config: GraphConfig) -> dict[str, str]:
-    """Environment the engine reads at start; set per replica, never at import."""
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(config.kv_cache_gib)} if config.num_gpus == 0 else {}
-    # Two engines on one small host must not pin the same cores.
-    env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    return env
-
-
 def replica_cores(allowed: list[int], cores: int, local_rank: int) -> list[int]:
     """The cores of a node's ``local_rank``-th CPU engine when each gets ``cores``.
 
@@ -104,18 +93,6 @@ def replica_cores(allowed: list[int], cores: int, local_rank: int) -> list[int]:
     return [ordered[(start + i) % len(ordered)] for i in range(cores)]
 
 
-@serve.deployment(
-    name="Generate",
-    ray_actor_options={"num_cpus": 1},
-    max_ongoing_requests=256,
-    # Per caller: past this many waiting, 503 + Retry-After at once, not a wait
-    # without end (Serve's default is no bound).
-    max_queued_requests=1024,
-    health_check_period_s=10,
-    health_check_timeout_s=30,
-    graceful_shutdown_timeout_s=5,
-    request_router_config=PINNED_ROUTING,
-)
 class Generate(ChannelSource):
     """One engine per replica."""
 
@@ -325,28 +302,3 @@ class Generate(ChannelSource):
         engine = getattr(self, "_engine", None)
         if engine is not None and hasattr(engine, "shutdown"):
             engine.shutdown()
-
-
-def generate_deployment(config: GraphConfig, channel_callers: int) -> Deployment:
-    """Generate as ``config`` asks for it: its replicas and resources, its engine's
-    environment and GPUs, how callers choose a replica, and a slot on each replica
-    for each of the ``channel_callers`` replicas that may hold a step channel there
-    (Serve counts a channel call as an ongoing request; ``step_channel.py``)."""
-    actor: dict[str, Any] = {"runtime_env": {"env_vars": engine_env(config)}}
-    if config.num_gpus:
-        actor["num_gpus"] = config.num_gpus
-    deployment = config.generate.applied_to(Generate, actor)
-    deployment = deployment.options(
-        max_ongoing_requests=deployment.max_ongoing_requests + channel_callers
-    )
-    if config.generate.routing_policy() == "prefix":
-        thresholds = config.generate.prefix_routing
-        deployment = deployment.options(
-            request_router_config=prefix_routing(
-                imbalance=thresholds.imbalance,
-                min_match_ratio=thresholds.min_match_ratio,
-                stats_period_s=thresholds.stats_period_s,
-                engine_events=thresholds.engine_events,
-            )
-        )
-    return deployment

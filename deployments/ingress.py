@@ -15,7 +15,6 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, TypeAdapter
 from ray import serve
-from ray.serve.deployment import Deployment
 from ray.serve.handle import DeploymentHandle
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
@@ -104,18 +103,6 @@ def _with_header_id(request: RequestT, raw: Request) -> RequestT:
     return request
 
 
-# Serve's default for a deployment without num_replicas or autoscaling.
-INGRESS_REPLICAS = 1
-
-
-@serve.deployment(
-    name="Ingress",
-    ray_actor_options={"num_cpus": 0.1},
-    max_ongoing_requests=1000,
-    # Per caller: past this many waiting, 503 + Retry-After at once, not a wait
-    # without end (Serve's default is no bound).
-    max_queued_requests=2048,
-)
 @serve.ingress(app)
 class Ingress:
     def __init__(
@@ -353,13 +340,3 @@ class Ingress:
         task = asyncio.create_task(call(ending, self._control))
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
-
-
-def ingress_max_replicas(config: GraphConfig) -> int:
-    """The most Ingress replicas ``config`` allows: each may hold a step channel on
-    every Derender replica."""
-    return config.ingress.max_replicas(INGRESS_REPLICAS)
-
-
-def ingress_deployment(config: GraphConfig) -> Deployment:
-    return config.ingress.applied_to(Ingress)

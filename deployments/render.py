@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 
-from ray import serve
-from ray.serve.deployment import Deployment
 from starlette.datastructures import State
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
@@ -54,14 +52,6 @@ async def build_render_state(config: GraphConfig) -> State:
     return checked_app_state(state, APP_STATE_NAMES)
 
 
-@serve.deployment(
-    name="Render",
-    ray_actor_options={"num_cpus": 0.25},
-    max_ongoing_requests=64,
-    # Per caller: past this many waiting, 503 + Retry-After at once, not a wait
-    # without end (Serve's default is no bound).
-    max_queued_requests=1024,
-)
 class Render:
     """Chat/completion request → ``GenerateRequest``, and vLLM's tokenize/detokenize
     (errors come back as values)."""
@@ -109,7 +99,3 @@ class Render:
         """Serve's health probe: the renderer must exist."""
         if getattr(self._state, "serving_render", None) is None:
             raise RuntimeError("render state is not initialised")
-
-
-def render_deployment(config: GraphConfig) -> Deployment:
-    return config.render.applied_to(Render)

@@ -18,11 +18,41 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
+from ray import serve
+from ray.serve.deployment import Deployment
 from ray.serve.handle import DeploymentHandle
 
 
 class ServeInternalsChanged(RuntimeError):
     """Ray Serve no longer has an internal this graph relies on (a Ray upgrade)."""
+
+
+def declared(import_path: str, *, name: str, **options: Any) -> Deployment:
+    """A Serve deployment whose replicas import their class from ``import_path``
+    (``"package.module.Class"``, as Serve parses it) as each starts: the process
+    that builds the graph (the ``serve run`` CLI, or the task that builds a config's
+    applications) never imports the class's module, and so never vLLM.
+
+    ``@serve.deployment`` is typed for a class; its ``ReplicaConfig`` also takes
+    an import path, which each replica resolves with
+    ``replica._load_deployment_def_from_import_path``. Serve names a deployment
+    after its class unless told: ``name`` is required here.
+    """
+    make: Any = serve.deployment(name=name, **options)
+    deployment = make(import_path)
+    if not isinstance(deployment, Deployment) or deployment.func_or_class != import_path:
+        raise ServeInternalsChanged("serve.deployment no longer takes an import path")
+    return deployment
+
+
+def replica_class(import_path: str) -> Any:
+    """What a replica of a deployment ``declared`` with ``import_path`` runs, found as
+    Serve's replica finds it (``replica._load_deployment_def_from_import_path``)."""
+    try:
+        from ray.serve._private.replica import _load_deployment_def_from_import_path
+    except ImportError as exc:
+        raise ServeInternalsChanged(f"replica: {exc}") from exc
+    return _load_deployment_def_from_import_path(import_path)
 
 
 def replica_grpc_max_message_bytes() -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from ray.exceptions import ActorDiedError
@@ -18,7 +18,7 @@ from ray.exceptions import ActorDiedError
 from deployments import control_plane
 from deployments.messages.control import ControlCommand
 
-ControlPlane: Any = cast(Any, control_plane.ControlPlane).func_or_class
+ControlPlane: Any = control_plane.ControlPlane
 
 Answer = Callable[[ControlCommand], Any]
 

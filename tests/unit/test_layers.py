@@ -8,7 +8,9 @@ layer's package and of lower layers only (lazy imports inside functions count):
    Serve's private state;
 2. ``deployments.vllm_adapter``: the one door to vLLM's internals, engine start;
 3. ``deployments.text``, ``deployments.routing`` (not each other);
-4. ``deployments.edge``: the HTTP edge;
+4. ``deployments.edge``: the HTTP edge; ``deployments.declarations``: how Serve is
+   told of each deployment, by its class's import path (not the class: building
+   the graph imports no replica's code, and so no vLLM);
 5. the deployments (``deployments/<name>.py``), then ``graph.py``.
 
 ``deployments`` imports neither ``bench`` nor ``tests``; ``bench`` does not import
@@ -32,6 +34,7 @@ LAYERS: dict[str, int] = {
     "text": 3,
     "routing": 3,
     "edge": 4,
+    "declarations": 4,
 }
 TOP = 5  # the deployment modules
 GRAPH = 6
@@ -105,6 +108,8 @@ def test_each_module_imports_only_its_own_and_lower_layers(path: Path) -> None:
         ("deployments.transport.coalesce", "deployments.vllm_adapter.internals"),
         ("deployments.config.graph_config", "deployments.messages.tier"),
         ("deployments.edge.guard", "deployments.ingress"),
+        ("deployments.declarations.ingress", "deployments.ingress"),  # by path only
+        ("deployments.declarations.ingress", "deployments.edge.errors"),
         ("deployments.render", "graph"),
         ("deployments.generate", "tests.support.request_fuzz"),
     ],

@@ -25,3 +25,19 @@ def test_proxy_request_ids_are_uuid_strings() -> None:
     import uuid
 
     assert uuid.UUID(proxy_request_id()).version == 4
+
+
+def test_a_deployment_declared_by_import_path_keeps_it_and_serves_its_class() -> None:
+    """``declared``: Serve takes the path (through ``.options`` too) and its replica
+    loader resolves it to the class itself, as a replica would run it."""
+    from ray.serve.deployment import Deployment
+
+    from deployments.control_plane import ControlPlane
+    from deployments.transport.serve_internals import declared, replica_class
+
+    path = "deployments.control_plane.ControlPlane"
+    deployment = declared(path, name="Probe", max_ongoing_requests=7)
+    assert isinstance(deployment, Deployment) and deployment.name == "Probe"
+    assert deployment.options(num_replicas=2).func_or_class == path
+    assert deployment.max_ongoing_requests == 7
+    assert replica_class(path) is ControlPlane
