@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,17 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def port_is_free(port: int) -> bool:
+    """Whether ``port`` can be bound on 127.0.0.1 now (``serve run graph:app`` takes
+    Serve's default, 8000, and no other)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 @dataclass
@@ -109,8 +120,11 @@ def running(
     env: dict[str, str] | None = None,
     unset: Sequence[str] = (),
     timeout_s: float = 420,
+    cwd: Path = REPO,
+    on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> Iterator[Server]:
-    """Run ``argv`` in its own session, yield once every health path is 200.
+    """Run ``argv`` in ``cwd``, in its own session; yield once every health path is 200
+    (``on_start`` sees the process first).
 
     Its environment: this process's before the tests imported anything, with ``env``
     over it and without the names in ``unset``."""
@@ -121,7 +135,7 @@ def running(
         proc_env.pop(name, None)
     process = subprocess.Popen(
         list(argv),
-        cwd=REPO,
+        cwd=cwd,
         stdout=log,
         stderr=subprocess.STDOUT,
         env=proc_env,
@@ -129,6 +143,8 @@ def running(
     )
     server = Server(f"http://127.0.0.1:{port}", process, log_path)
     try:
+        if on_start is not None:
+            on_start(process)
         wait_healthy(server, health_paths, timeout_s)
         yield server
     finally:

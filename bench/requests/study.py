@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -35,7 +34,14 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bench.harness.servers import VENV_BIN, Server, haproxy_side_ports, running, running_vllm
+from bench.harness.servers import (
+    VENV_BIN,
+    Server,
+    haproxy_side_ports,
+    port_is_free,
+    running,
+    running_vllm,
+)
 from bench.requests.load import ShortChats, closed_loop
 from bench.requests.processes import Memory, cpu_by_kind, memory_by_kind, snapshot
 from bench.requests.report import report
@@ -132,12 +138,8 @@ def measure_server(
 
 @contextmanager
 def graph_server(work: Path, env: dict[str, str], unset: list[str]) -> Iterator[Server]:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", SERVE_PORT))
-        except OSError as error:
-            message = f"port {SERVE_PORT} is taken; `serve run graph:app` needs it"
-            raise SystemExit(message) from error
+    if not port_is_free(SERVE_PORT):
+        raise SystemExit(f"port {SERVE_PORT} is taken; `serve run graph:app` needs it")
     with running(
         [str(VENV_BIN / "serve"), "run", "graph:app"],
         port=SERVE_PORT,

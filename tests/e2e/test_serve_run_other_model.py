@@ -9,7 +9,6 @@ compiled default runs in the cluster suite.
 from __future__ import annotations
 
 import shutil
-import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.harness.servers import TINY_MODEL, VENV_BIN, Server, free_port, graph_env, running
+from bench.harness.servers import (
+    TINY_MODEL,
+    VENV_BIN,
+    Server,
+    free_port,
+    graph_env,
+    port_is_free,
+    running,
+)
 from deployments.config.serve_env import SERVE_ENV
 from tests.integration.test_parity_vllm import (
     LOGPROB_TOLERANCE,
@@ -63,15 +70,6 @@ def other_model_server(
         unset=tuple(SERVE_ENV),
     ) as server:
         yield server
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def test_plain_serve_run_of_the_import_path_gets_the_serve_switches(
