@@ -11,6 +11,9 @@ The same fan-out reads each engine's state for ``/metrics`` and tells
 Commands travel down each replica's own subscription (``control_channel``),
 not as calls into the replica, so a replica whose streams fill its
 ``max_ongoing_requests`` still takes them at once.
+
+Its Serve options, and the import path Serve loads this class by, are declared
+in ``deployments/declarations/control_plane.py``.
 """
 
 from __future__ import annotations

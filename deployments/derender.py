@@ -8,6 +8,9 @@ the stream's whole life. Cancelling the caller cancels the generate call.
 Stateless endpoints: vLLM's ``/v1/chat/completions/derender`` and
 ``/v1/completions/derender`` (batch, and per-chunk with ``stream_state``),
 answered by vLLM's own ``ServingDerender`` as ``vllm launch render`` does.
+
+Its Serve options, and the import path Serve loads this class by, are declared
+in ``deployments/declarations/derender.py``.
 """
 
 from __future__ import annotations

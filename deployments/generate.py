@@ -8,6 +8,9 @@ as vLLM writes them; a unary call yields one response; an error yields one
 
 It also serves the inline text placement: the same stream derenderer as the
 Derender tier, next to the engine.
+
+Its Serve options, and the import path Serve loads this class by, are declared
+in ``deployments/declarations/generate.py``.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 Routes OpenAI and vLLM scale-out endpoints to the Render and Generate tiers
 through streamed DeploymentHandles, never HTTP, and is the one layer that
 turns error values into HTTP responses.
+
+Its Serve options, and the import path Serve loads this class by, are declared
+in ``deployments/declarations/ingress.py``.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 A thin router over vLLM's ``ServingRender`` (and its ``ServingTokenization``), built by vLLM's own
 ``init_render_app_state`` as ``vllm launch render`` builds it, so a request
 renders to the same ``GenerateRequest`` here as there.
+
+Its Serve options, and the import path Serve loads this class by, are declared
+in ``deployments/declarations/render.py``.
 """
 
 from __future__ import annotations

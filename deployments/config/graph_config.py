@@ -99,7 +99,7 @@ class DeploymentOptions(_Strict):
         return self.autoscaling.max_replicas if self.autoscaling is not None else class_default
 
     def applied_to(self, deployment: Any, actor: dict[str, Any] | None = None) -> Deployment:
-        """``deployment`` (a class ``@serve.deployment`` made one) with these replicas
+        """``deployment`` (as ``deployments/declarations/`` declares it) with these replicas
         and resources over its own defaults, and ``actor`` (more Ray actor options) on
         top of its own."""
         actor_options = dict(deployment.ray_actor_options or {})
