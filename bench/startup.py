@@ -4,7 +4,7 @@
     python -m bench.startup --against ../old-checkout --rounds 3
 
 Starts, in turn and ``--rounds`` times: ``serve run graph:app`` as a user types it
-(no Ray or Serve variable exported; Serve's default port, 8000, must be free), the
+(no switch of Ray or Serve exported, usage stats off; port 8000 must be free), the
 same from each ``--against`` checkout (its own code, this virtualenv), and vLLM's
 own server (``python -m vllm.entrypoints.openai.api_server``) with the graph's
 default model, parsers, context length and KV cache. For each: seconds from the
