@@ -10,6 +10,7 @@ from ray.serve.deployment import Deployment
 from deployments.config.graph_config import GraphConfig
 from deployments.routing.pinned_router import PINNED_ROUTING
 from deployments.transport.serve_internals import declared
+from deployments.transport.step_channel import with_channel_slots
 
 DERENDER = "deployments.derender.Derender"
 DERENDER_AUTOSCALING: dict[str, Any] = {
@@ -43,6 +44,4 @@ def derender_deployment(config: GraphConfig, channel_callers: int) -> Deployment
             request_router_config=PINNED_ROUTING,
         )
     )
-    return deployment.options(
-        max_ongoing_requests=deployment.max_ongoing_requests + channel_callers
-    )
+    return with_channel_slots(deployment, channel_callers)

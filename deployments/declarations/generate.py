@@ -13,6 +13,7 @@ from deployments.config.graph_config import GraphConfig
 from deployments.routing.pinned_router import PINNED_ROUTING
 from deployments.routing.prefix_router import prefix_routing
 from deployments.transport.serve_internals import declared
+from deployments.transport.step_channel import with_channel_slots
 
 GENERATE = "deployments.generate.Generate"
 
@@ -48,9 +49,7 @@ def generate_deployment(config: GraphConfig, channel_callers: int) -> Deployment
         ),
         actor,
     )
-    deployment = deployment.options(
-        max_ongoing_requests=deployment.max_ongoing_requests + channel_callers
-    )
+    deployment = with_channel_slots(deployment, channel_callers)
     if config.generate.routing_policy() == "prefix":
         thresholds = config.generate.prefix_routing
         deployment = deployment.options(

@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ray.serve.deployment import Deployment
 from ray.serve.handle import DeploymentHandle
 
 # A stream's last item in its channel: the stream ended.
@@ -37,6 +38,13 @@ STREAM_END = None
 # An idle channel sends an empty batch this often: a channel whose caller died
 # then ends, and frees the slot it holds on the replica.
 KEEPALIVE_S = 10.0
+
+
+def with_channel_slots(deployment: Deployment, callers: int) -> Deployment:
+    """``deployment`` with a slot on each replica for each of ``callers`` replicas that
+    may hold a step channel there: Serve counts a channel call as an ongoing request,
+    and without a slot of its own it would take a request's."""
+    return deployment.options(max_ongoing_requests=deployment.max_ongoing_requests + callers)
 
 
 @dataclass(frozen=True)
