@@ -9,6 +9,10 @@ Stateless endpoints: vLLM's ``/v1/chat/completions/derender`` and
 ``/v1/completions/derender`` (batch, and per-chunk with ``stream_state``),
 answered by vLLM's own ``ServingDerender`` as ``vllm launch render`` does.
 
+What the Ingress calls takes the body or the rendered job as the Ingress
+passed it on, validates it here, and answers with ``Reply`` values, not vLLM's
+models (``edge/replies.py``): the Ingress imports no vLLM.
+
 Its Serve options, and the import path Serve loads this class by, are declared
 in ``deployments/declarations/derender.py``.
 """
@@ -19,6 +23,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
+from pydantic import TypeAdapter
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 from vllm.entrypoints.openai.chat_completion.protocol import (
@@ -27,10 +32,10 @@ from vllm.entrypoints.openai.chat_completion.protocol import (
 )
 from vllm.entrypoints.openai.completion.protocol import CompletionResponse
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
-    DerenderChatRequest,
+    DerenderChatRequestUnion,
     DerenderChatStreamRequest,
     DerenderChatStreamResponse,
-    DerenderCompletionRequest,
+    DerenderCompletionRequestUnion,
     DerenderCompletionStreamRequest,
     DerenderCompletionStreamResponse,
     GenerateRequest,
@@ -39,8 +44,12 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
 from deployments.config.graph_config import GraphConfig
-from deployments.edge.errors import no_live_replica
+from deployments.edge.bodies import json_of
+from deployments.edge.errors import Refusal, bad_request, no_live_replica
+from deployments.edge.replies import answers_ingress, ingress_items
+from deployments.edge.validation import validate
 from deployments.messages.control import ControlCommand
+from deployments.messages.replies import RenderedText, served_by
 from deployments.messages.tier import (
     DerenderChoice,
     DerenderStreamChoice,
@@ -48,7 +57,6 @@ from deployments.messages.tier import (
     GenerateDerenderStreamResponse,
     ParseContext,
     TextJob,
-    served_by,
 )
 from deployments.render import build_render_state
 from deployments.text.output import ChunkEvent, TextOutput, openai_event, tokens_request
@@ -57,6 +65,9 @@ from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, C
 from deployments.transport.replica_assignment import wait_routed
 from deployments.transport.step_channel import ChannelSource, Outboxes, StepChannels
 from deployments.vllm_adapter.internals import client_request_id
+
+_DERENDER_CHAT = TypeAdapter(DerenderChatRequestUnion)
+_DERENDER_COMPLETION = TypeAdapter(DerenderCompletionRequestUnion)
 
 
 class Derender(ChannelSource):
@@ -87,22 +98,20 @@ class Derender(ChannelSource):
         call = self._generate_channels.call("generate_on_channel", request, key=key)
         try:
             if not await wait_routed(call, self._generate):
-                yield no_live_replica("Generate")
-                return
+                raise Refusal(no_live_replica("Generate"))
             async for item in call:
                 yield item
         finally:
             call.cancel()
 
-    async def text_on_channel(self, job: TextJob, caller: str, key: str) -> AsyncIterator[Any]:
+    async def text_on_channel(
+        self, rendered: RenderedText, caller: str, key: str
+    ) -> AsyncIterator[Any]:
         """Tier placement: OpenAI chat/completion output for a rendered request,
         a stream's events on the caller's step channel."""
-        items = self._text_items(job, openai_event, key)
-        async for item in self._outboxes.bind(
-            _prepend(served_by("tier", with_pid=self._config.expose_replica_pid), items),
-            caller,
-            key,
-        ):
+        items = self._text_items(rendered.open(), openai_event, key)
+        marked = _prepend(served_by("tier", with_pid=self._config.expose_replica_pid), items)
+        async for item in self._outboxes.bind(ingress_items(marked), caller, key):
             yield item
 
     async def _text_items(self, job: TextJob, event: ChunkEvent, key: str) -> AsyncIterator[Any]:
@@ -146,35 +155,46 @@ class Derender(ChannelSource):
             channels.stop()
 
     async def generate_derender_on_channel(
-        self, request: GenerateRequest, context: ParseContext | None, caller: str, key: str
+        self, body: dict[str, Any], context: Any, caller: str, key: str
     ) -> AsyncIterator[Any]:
         """``output_mode: "derender"``: the parsed assistant message, unary or
-        streamed, a stream's events on the caller's step channel."""
-        items = self._derender_items(request, context, key)
+        streamed, a stream's events on the caller's step channel. ``body`` is the
+        generate body, ``context`` its ``parse_context``, as the client sent them."""
+        items = ingress_items(self._derender_items(body, context, key))
         async for item in self._outboxes.bind(items, caller, key):
             yield item
 
     async def _derender_items(
-        self, request: GenerateRequest, context: ParseContext | None, key: str
+        self, body: dict[str, Any], context: Any, key: str
     ) -> AsyncIterator[Any]:
+        request = validate({**body, "output_mode": "tokens"}, GenerateRequest)
+        if not request.sampling_params.detokenize:
+            raise Refusal(bad_request("output_mode='derender' requires sampling_params.detokenize"))
+        parse_context = None if context is None else validate(context, ParseContext)
         model = request.model or self._config.model_name
-        chat = (context or ParseContext()).chat_request(model)
+        chat = (parse_context or ParseContext()).chat_request(model)
         job = TextJob(generate_request=request, chat_request=chat, model_name=model)
         async for item in self._text_items(job, _derender_event, key):
             yield _derender_response(item) if isinstance(item, ChatCompletionResponse) else item
 
+    @answers_ingress
     async def derender_chat(
-        self, request: DerenderChatRequest | DerenderChatStreamRequest
+        self, body: bytes
     ) -> ChatCompletionResponse | DerenderChatStreamResponse | ErrorResponse:
+        """vLLM's ``/v1/chat/completions/derender``, the body as the client sent it."""
+        request = validate(json_of(body), _DERENDER_CHAT)
         serving = self._state.serving_derender
         if isinstance(request, DerenderChatStreamRequest):
             result = await serving.derender_chat_stream_response(request)
             return _with_state(result, DerenderChatStreamResponse)
         return await serving.derender_chat_response(request)
 
+    @answers_ingress
     async def derender_completion(
-        self, request: DerenderCompletionRequest | DerenderCompletionStreamRequest
+        self, body: bytes
     ) -> CompletionResponse | DerenderCompletionStreamResponse | ErrorResponse:
+        """vLLM's ``/v1/completions/derender``, the body as the client sent it."""
+        request = validate(json_of(body), _DERENDER_COMPLETION)
         serving = self._state.serving_derender
         if isinstance(request, DerenderCompletionStreamRequest):
             result = await serving.derender_completion_stream_response(request)

@@ -4,7 +4,9 @@ A thin router over vLLM's ``ServingTokens`` (``/inference/v1/generate``),
 built by vLLM's own ``init_app_state``. Every method is an async generator,
 called through a streamed DeploymentHandle: a stream yields vLLM's SSE events
 as vLLM writes them; a unary call yields one response; an error yields one
-``ErrorResponse`` value.
+error value. What the Ingress calls (``generate``, ``text``) takes the body or
+the rendered job as the Ingress passed it on and yields ``Reply`` values, not
+vLLM's models (``edge/replies.py``): the Ingress imports no vLLM.
 
 It also serves the inline text placement: the same stream derenderer as the
 Derender tier, next to the engine.
@@ -34,9 +36,12 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
 from deployments.config.graph_config import GraphConfig
+from deployments.edge.errors import bad_request
 from deployments.edge.json_body import allow_deep_values
+from deployments.edge.replies import ingress_items
+from deployments.edge.validation import validate
 from deployments.messages.control import ControlCommand, EngineState
-from deployments.messages.tier import TextJob, served_by
+from deployments.messages.replies import RenderedText, served_by
 from deployments.routing.block_keys import engine_keying, kv_events_config
 from deployments.routing.engine_blocks import (
     ROUTING_STATS_KEY,
@@ -166,10 +171,14 @@ class Generate(ChannelSource):
         await asyncio.sleep(DEAD_ENGINE_EXIT_GRACE_S)
         os._exit(1)
 
-    async def generate(
-        self, request: GenerateRequest
-    ) -> AsyncIterator[str | GenerateResponseBase | ErrorResponse]:
-        """``/inference/v1/generate``: SSE events if ``stream``, else one response."""
+    async def generate(self, body: dict[str, Any]) -> AsyncIterator[Any]:
+        """``/inference/v1/generate`` (``tokens`` and ``text``), the body as the client
+        sent it: SSE events if ``stream``, else one reply."""
+        async for item in ingress_items(self._generate_body(body)):
+            yield item
+
+    async def _generate_body(self, body: dict[str, Any]) -> AsyncIterator[Any]:
+        request = validate(body, GenerateRequest)
         async for item in self._generate_items(request, self._coalesce_s):
             yield item
 
@@ -212,20 +221,18 @@ class Generate(ChannelSource):
             del self._calls[key]
         await call.close()
 
-    async def text(self, job: TextJob) -> AsyncIterator[Any]:
+    async def text(self, rendered: RenderedText) -> AsyncIterator[Any]:
         """Inline text placement: OpenAI chat/completion output next to the engine."""
+        async for item in ingress_items(self._text_items(rendered)):
+            yield item
+
+    async def _text_items(self, rendered: RenderedText) -> AsyncIterator[Any]:
         if self._config.tokens_only:
-            yield ErrorResponse.model_validate(
-                {
-                    "error": {
-                        "message": "inline text needs a tokenizer on Generate, "
-                        "but this graph runs tokens_only",
-                        "type": "BadRequestError",
-                        "code": 400,
-                    }
-                }
+            yield bad_request(
+                "inline text needs a tokenizer on Generate, but this graph runs tokens_only"
             )
             return
+        job = rendered.open()
         yield served_by("inline", with_pid=self._config.expose_replica_pid)
         stream = bool(job.generate_request.stream)
         call = self._open(None)

@@ -4,6 +4,12 @@ Routes OpenAI and vLLM scale-out endpoints to the Render and Generate tiers
 through streamed DeploymentHandles, never HTTP, and is the one layer that
 turns error values into HTTP responses.
 
+It imports no vLLM, so each replica starts in seconds and holds a few
+hundred MB less: bodies go on to the tier that owns their vLLM model, as the
+client sent them (Render parses and validates chat, completion and tokenize
+bodies, once), and tiers answer with plain values (``messages/replies.py``).
+It parses only what it routes by: ``/inference/v1/generate``'s ``output_mode``.
+
 Its Serve options, and the import path Serve loads this class by, are declared
 in ``deployments/declarations/ingress.py``.
 """
@@ -11,32 +17,22 @@ in ``deployments/declarations/ingress.py``.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, TypeAdapter
 from ray import serve
 from ray.serve.handle import DeploymentHandle
-from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
-    DerenderChatRequestUnion,
-    DerenderCompletionRequestUnion,
-    GenerateRequest,
-)
-from vllm.entrypoints.serve.tokenize.protocol import DetokenizeRequest, TokenizeRequest
-from vllm.version import __version__ as VLLM_VERSION
 
 from deployments.config.graph_config import GraphConfig
-from deployments.edge.bodies import parse_body, read_json, validate
+from deployments.edge.bodies import read_json
 from deployments.edge.errors import Refusal, bad_request, install_exception_handlers, not_found
 from deployments.edge.guard import GuardSettings, crossing_body_cap, install_guard
 from deployments.edge.json_body import allow_deep_values
 from deployments.edge.shared_call import SharedCall
 from deployments.edge.tier_calls import call, respond
-from deployments.messages.tier import ParseContext, TextJob
+from deployments.messages.replies import RenderedText
 from deployments.transport.step_channel import ChannelStream, StepChannels
 from deployments.vllm_adapter.engine_metrics import exposition
 
@@ -45,9 +41,7 @@ HEALTH_TIMEOUT_S = 5.0
 # flight share it; none is reused after (a read right after an abort must see it).
 OPEN_ROUTE_TTL_S = 0.0
 PLACEMENT_HEADER = "X-Text-Placement"
-_DERENDER_CHAT = TypeAdapter(DerenderChatRequestUnion)
-_DERENDER_COMPLETION = TypeAdapter(DerenderCompletionRequestUnion)
-_TOKENIZE = TypeAdapter(TokenizeRequest)
+REQUEST_ID_HEADER = "X-Request-Id"
 
 app = FastAPI(title="scaleout-serve")
 install_exception_handlers(app)
@@ -58,54 +52,19 @@ async def _awaited(response: Any) -> Any:
     return await response
 
 
-RequestT = TypeVar("RequestT", ChatCompletionRequest, CompletionRequest)
+async def _unary(raw: Request, method: DeploymentHandle) -> Response:
+    """The body, as the client sent it, → one tier call (which validates it) → JSON."""
+    return JSONResponse(await call(method.remote(await raw.body()), method))
 
 
-def rendered_json(rendered: GenerateRequest) -> dict[str, Any]:
-    """A rendered request as JSON that generate reads back the same.
-
-    ``SamplingParams`` serializes with ``omit_defaults``, so a client's
-    ``max_tokens: 16`` (the dataclass default) vanishes from the JSON, and
-    generate, seeing no ``max_tokens``, applies its server-side default: up
-    to the context length. Write it whenever render resolved one.
-    """
-    data = rendered.model_dump()
-    if rendered.sampling_params.max_tokens is not None:
-        data["sampling_params"]["max_tokens"] = rendered.sampling_params.max_tokens
-    return data
+def _header_id(raw: Request) -> str | None:
+    """The ``X-Request-Id`` header, which Render applies as vLLM does."""
+    return raw.headers.get(REQUEST_ID_HEADER)
 
 
-async def _unary(raw: Request, schema: Any, method: DeploymentHandle) -> Response:
-    """Body validated as ``schema`` (a model or TypeAdapter) → one tier call → JSON."""
-    request = validate(await read_json(raw), schema)
-    answer: BaseModel = await call(method.remote(request), method)
-    return JSONResponse(answer.model_dump())
-
-
-ONE_PROMPT = "one prompt per /v1/completions request is supported"
-
-
-def _prompt_count(request: CompletionRequest) -> int:
-    """Prompts a completion request holds: a list of strings or of token-id lists is
-    several; a string or one token-id list is one."""
-    prompt = request.prompt
-    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-        return len(prompt)
-    return 1
-
-
-def _with_header_id(request: RequestT, raw: Request) -> RequestT:
-    """vLLM takes the request id from ``X-Request-Id``, else the body, else a uuid.
-
-    Ray Serve's proxy always sets ``X-Request-Id`` (the client's, or one it
-    makes up), so a ``request_id`` the client put in the body wins here.
-    """
-    header = raw.headers.get("X-Request-Id")
-    if header and "request_id" not in request.model_fields_set:
-        request.request_id = header
-    return request
-
-
+# What a route calls is defined above this line: ``serve.ingress`` freezes the app
+# here (a cloudpickle copy), and the routes, not yet importable by name, are copied
+# by value with the module's globals as they are now.
 @serve.ingress(app)
 class Ingress:
     def __init__(
@@ -133,6 +92,7 @@ class Ingress:
         self._derender_channels = StepChannels(
             derender, serve.get_replica_context().replica_id.unique_id
         )
+        self._vllm_version: str | None = None
         self._health: SharedCall[Response] = SharedCall(OPEN_ROUTE_TTL_S)
         self._metrics: SharedCall[Response] = SharedCall(OPEN_ROUTE_TTL_S)
         # Abort calls in flight after a tier failed (held so they are not collected).
@@ -161,8 +121,11 @@ class Ingress:
 
     @app.get("/version")
     async def version(self) -> JSONResponse:
-        """The vLLM version serving the graph, as vLLM's server answers it."""
-        return JSONResponse({"version": VLLM_VERSION})
+        """The vLLM version serving the graph, as vLLM's server answers it (Render's:
+        this process imports no vLLM)."""
+        if self._vllm_version is None:
+            self._vllm_version = await call(self._render.version.remote(), self._render)
+        return JSONResponse({"version": self._vllm_version})
 
     @app.get("/metrics")
     async def metrics(self) -> Response:
@@ -200,41 +163,33 @@ class Ingress:
 
     @app.get("/v1/models")
     async def models(self) -> Response:
-        models: BaseModel = await call(self._render.models.remote(), self._render)
-        return JSONResponse(models.model_dump())
+        return JSONResponse(await call(self._render.models.remote(), self._render))
 
     @app.post("/v1/chat/completions/render")
     async def render_chat(self, raw: Request) -> Response:
         """vLLM's render output, plus ``parse_context`` for ``output_mode: derender``."""
-        request = await parse_body(raw, ChatCompletionRequest)
-        rendered = await call(
-            self._render.render_chat.remote(_with_header_id(request, raw)), self._render
-        )
-        return JSONResponse(
-            {**rendered_json(rendered), "parse_context": ParseContext.of(request).model_dump()}
-        )
+        render = self._render.render_chat.remote(await raw.body(), _header_id(raw))
+        return JSONResponse(await call(render, self._render))
 
     @app.post("/v1/completions/render")
     async def render_completion(self, raw: Request) -> Response:
-        request = await parse_body(raw, CompletionRequest)
-        rendered = await call(
-            self._render.render_completion.remote(_with_header_id(request, raw)), self._render
-        )
-        return JSONResponse([rendered_json(item) for item in rendered])
+        render = self._render.render_completion.remote(await raw.body(), _header_id(raw))
+        return JSONResponse(await call(render, self._render))
 
     @app.post("/tokenize")
     async def tokenize(self, raw: Request) -> Response:
         """vLLM's ``/tokenize`` (``prompt`` or ``messages``), on the Render tier."""
-        return await _unary(raw, _TOKENIZE, self._render.tokenize)
+        return await _unary(raw, self._render.tokenize)
 
     @app.post("/detokenize")
     async def detokenize(self, raw: Request) -> Response:
         """vLLM's ``/detokenize``, on the Render tier."""
-        return await _unary(raw, DetokenizeRequest, self._render.detokenize)
+        return await _unary(raw, self._render.detokenize)
 
     @app.post("/inference/v1/generate")
     async def generate(self, raw: Request) -> Response:
-        """``tokens`` and ``text`` go to Generate; ``derender`` to the Derender tier."""
+        """``tokens`` and ``text`` go to Generate; ``derender`` to the Derender tier
+        (each validates the body)."""
         data = await read_json(raw)
         if not isinstance(data, dict):
             raise Refusal(bad_request("request body must be a JSON object"))
@@ -248,58 +203,35 @@ class Ingress:
                 )
             )
         if data.get("output_mode") != "derender":
-            request = validate(data, GenerateRequest)
             # The Ingress's own call: ending it (client gone, failure) cancels it there.
-            return await respond(lambda: self._generate.generate.remote(request), self._generate)
-        request = validate({**data, "output_mode": "tokens"}, GenerateRequest)
-        if not request.sampling_params.detokenize:
-            raise Refusal(bad_request("output_mode='derender' requires sampling_params.detokenize"))
-        context = None if context_data is None else validate(context_data, ParseContext)
+            return await respond(lambda: self._generate.generate.remote(data), self._generate)
         return await respond(
-            lambda: self._derender_channels.call("generate_derender_on_channel", request, context),
+            lambda: self._derender_channels.call(
+                "generate_derender_on_channel", data, context_data
+            ),
             self._derender,
             on_failure=self._end_later,
         )
 
     @app.post("/v1/chat/completions/derender")
     async def derender_chat(self, raw: Request) -> Response:
-        return await _unary(raw, _DERENDER_CHAT, self._derender_unary.derender_chat)
+        return await _unary(raw, self._derender_unary.derender_chat)
 
     @app.post("/v1/completions/derender")
     async def derender_completion(self, raw: Request) -> Response:
-        return await _unary(raw, _DERENDER_COMPLETION, self._derender_unary.derender_completion)
+        return await _unary(raw, self._derender_unary.derender_completion)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, raw: Request) -> Response:
-        request = await parse_body(raw, ChatCompletionRequest)
         placement = self._placement(raw)
-        rendered = await call(
-            self._render.render_chat.remote(_with_header_id(request, raw)), self._render
-        )
-        job = TextJob(
-            generate_request=rendered,
-            chat_request=request,
-            model_name=request.model or self._config.model_name,
-        )
-        return await self._text(job, placement)
+        render = self._render.chat_text.remote(await raw.body(), _header_id(raw))
+        return await self._text(await call(render, self._render), placement)
 
     @app.post("/v1/completions")
     async def completions(self, raw: Request) -> Response:
-        request = await parse_body(raw, CompletionRequest)
         placement = self._placement(raw)
-        if _prompt_count(request) > 1:  # refused before Render spends anything on it
-            raise Refusal(bad_request(ONE_PROMPT, param="prompt"))
-        rendered = await call(
-            self._render.render_completion.remote(_with_header_id(request, raw)), self._render
-        )
-        if len(rendered) != 1:
-            raise Refusal(bad_request(ONE_PROMPT, param="prompt"))
-        job = TextJob(
-            generate_request=rendered[0],
-            completion_request=request,
-            model_name=request.model or self._config.model_name,
-        )
-        return await self._text(job, placement)
+        render = self._render.completion_text.remote(await raw.body(), _header_id(raw))
+        return await self._text(await call(render, self._render), placement)
 
     def _placement(self, raw: Request) -> str:
         placement = raw.headers.get(PLACEMENT_HEADER, self._config.text_placement).lower()
@@ -319,12 +251,14 @@ class Ingress:
             )
         return placement
 
-    async def _text(self, job: TextJob, placement: str) -> Response:
+    async def _text(self, rendered: RenderedText, placement: str) -> Response:
         headers = {PLACEMENT_HEADER: placement}
         if placement == "inline":
-            return await respond(lambda: self._generate.text.remote(job), self._generate, headers)
+            return await respond(
+                lambda: self._generate.text.remote(rendered), self._generate, headers
+            )
         return await respond(
-            lambda: self._derender_channels.call("text_on_channel", job),
+            lambda: self._derender_channels.call("text_on_channel", rendered),
             self._derender,
             headers,
             on_failure=self._end_later,

@@ -11,24 +11,36 @@ in ``deployments/declarations/render.py``.
 from __future__ import annotations
 
 import os
+from typing import Any, TypeVar
 
+from pydantic import TypeAdapter
 from starlette.datastructures import State
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateRequest
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse, ModelList
-from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
 from vllm.entrypoints.serve.tokenize.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeRequest,
     TokenizeResponse,
 )
+from vllm.version import __version__ as VLLM_VERSION
 
 from deployments.config.graph_config import GraphConfig
+from deployments.edge.bodies import json_of
+from deployments.edge.errors import Refusal, bad_request
 from deployments.edge.json_body import allow_deep_values
+from deployments.edge.replies import answers_ingress, reply_of
+from deployments.edge.validation import parse_body, validate
+from deployments.messages.replies import RenderedText
+from deployments.messages.tier import ParseContext, TextJob
 from deployments.vllm_adapter.engine_args import serve_namespace
 from deployments.vllm_adapter.internals import APP_STATE_NAMES, checked_app_state
+
+ONE_PROMPT = "one prompt per /v1/completions request is supported"
+# ``/tokenize`` takes a prompt or chat messages: vLLM's union of the two.
+_TOKENIZE = TypeAdapter(TokenizeRequest)
 
 
 async def build_render_state(config: GraphConfig) -> State:
@@ -56,43 +68,91 @@ async def build_render_state(config: GraphConfig) -> State:
 
 
 class Render:
-    """Chat/completion request → ``GenerateRequest``, and vLLM's tokenize/detokenize
-    (errors come back as values)."""
+    """Chat/completion bodies → ``GenerateRequest``s, and vLLM's tokenize/detokenize.
+
+    The Ingress passes each body on as the client sent it (it imports no vLLM):
+    here it is parsed and validated with vLLM's models, once, and every answer
+    goes back as a ``Reply`` (``edge/replies.py``), errors included.
+    """
 
     async def __init__(self, config: GraphConfig) -> None:  # type: ignore[misc]
+        self._config = config
         self._state = await build_render_state(config)
 
-    async def render_chat(self, request: ChatCompletionRequest) -> GenerateRequest | ErrorResponse:
-        try:
-            return await self._state.serving_render.render_chat_request(request)
-        except Exception as exc:  # vLLM raises some validation errors; keep them values
-            return create_error_response(exc)
+    async def _chat(self, request: ChatCompletionRequest) -> GenerateRequest:
+        rendered = await self._state.serving_render.render_chat_request(request)
+        if isinstance(rendered, ErrorResponse):
+            raise Refusal(reply_of(rendered))
+        return rendered
 
-    async def render_completion(
-        self, request: CompletionRequest
-    ) -> list[GenerateRequest] | ErrorResponse:
-        try:
-            return await self._state.serving_render.render_completion_request(request)
-        except Exception as exc:
-            return create_error_response(exc)
+    async def _completion(self, request: CompletionRequest) -> list[GenerateRequest]:
+        rendered = await self._state.serving_render.render_completion_request(request)
+        if isinstance(rendered, ErrorResponse):
+            raise Refusal(reply_of(rendered))
+        return rendered
 
-    async def tokenize(self, request: TokenizeRequest) -> TokenizeResponse | ErrorResponse:
+    @answers_ingress
+    async def chat_text(self, body: bytes, header_id: str | None) -> RenderedText:
+        """``/v1/chat/completions``: the body rendered, as the job Generate
+        (inline) or Derender (tier) turns into text."""
+        request = with_header_id(parse_body(body, ChatCompletionRequest), header_id)
+        job = TextJob(
+            generate_request=await self._chat(request),
+            chat_request=request,
+            model_name=request.model or self._config.model_name,
+        )
+        return job.rendered()
+
+    @answers_ingress
+    async def completion_text(self, body: bytes, header_id: str | None) -> RenderedText:
+        """``/v1/completions``, one prompt: as ``chat_text``."""
+        request = with_header_id(parse_body(body, CompletionRequest), header_id)
+        if prompt_count(request) > 1:  # refused before rendering spends anything on it
+            raise Refusal(bad_request(ONE_PROMPT, param="prompt"))
+        rendered = await self._completion(request)
+        if len(rendered) != 1:
+            raise Refusal(bad_request(ONE_PROMPT, param="prompt"))
+        job = TextJob(
+            generate_request=rendered[0],
+            completion_request=request,
+            model_name=request.model or self._config.model_name,
+        )
+        return job.rendered()
+
+    @answers_ingress
+    async def render_chat(self, body: bytes, header_id: str | None) -> dict[str, Any]:
+        """``/v1/chat/completions/render``: vLLM's render output, plus ``parse_context``
+        for ``output_mode: derender``."""
+        request = with_header_id(parse_body(body, ChatCompletionRequest), header_id)
+        rendered = await self._chat(request)
+        return {**rendered_json(rendered), "parse_context": ParseContext.of(request).model_dump()}
+
+    @answers_ingress
+    async def render_completion(self, body: bytes, header_id: str | None) -> list[Any]:
+        """``/v1/completions/render``: one rendered request per prompt."""
+        request = with_header_id(parse_body(body, CompletionRequest), header_id)
+        return [rendered_json(item) for item in await self._completion(request)]
+
+    @answers_ingress
+    async def tokenize(self, body: bytes) -> TokenizeResponse | ErrorResponse:
         """vLLM's ``/tokenize``: a prompt, or chat messages through the template."""
-        try:
-            # vLLM reads only X-Request-Id from the HTTP request, for its logs.
-            return await self._state.serving_tokenization.create_tokenize(request, None)
-        except Exception as exc:
-            return create_error_response(exc)
+        request = validate(json_of(body), _TOKENIZE)
+        # vLLM reads only X-Request-Id from the HTTP request, for its logs.
+        return await self._state.serving_tokenization.create_tokenize(request, None)
 
-    async def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse | ErrorResponse:
+    @answers_ingress
+    async def detokenize(self, body: bytes) -> DetokenizeResponse | ErrorResponse:
         """vLLM's ``/detokenize``."""
-        try:
-            return await self._state.serving_tokenization.create_detokenize(request, None)
-        except Exception as exc:
-            return create_error_response(exc)
+        request = parse_body(body, DetokenizeRequest)
+        return await self._state.serving_tokenization.create_detokenize(request, None)
 
+    @answers_ingress
     async def models(self) -> ModelList:
         return await self._state.openai_serving_models.show_available_models()
+
+    async def version(self) -> str:
+        """The vLLM version serving the graph, for the Ingress's ``/version``."""
+        return VLLM_VERSION
 
     async def ready(self) -> bool:
         """The ingress's readiness probe: answers once __init__ has finished."""
@@ -102,3 +162,40 @@ class Render:
         """Serve's health probe: the renderer must exist."""
         if getattr(self._state, "serving_render", None) is None:
             raise RuntimeError("render state is not initialised")
+
+
+def rendered_json(rendered: GenerateRequest) -> dict[str, Any]:
+    """A rendered request as JSON that generate reads back the same.
+
+    ``SamplingParams`` serializes with ``omit_defaults``, so a client's
+    ``max_tokens: 16`` (the dataclass default) vanishes from the JSON, and
+    generate, seeing no ``max_tokens``, applies its server-side default: up
+    to the context length. Write it whenever render resolved one.
+    """
+    data = rendered.model_dump()
+    if rendered.sampling_params.max_tokens is not None:
+        data["sampling_params"]["max_tokens"] = rendered.sampling_params.max_tokens
+    return data
+
+
+RequestT = TypeVar("RequestT", ChatCompletionRequest, CompletionRequest)
+
+
+def with_header_id(request: RequestT, header_id: str | None) -> RequestT:
+    """vLLM takes the request id from ``X-Request-Id``, else the body, else a uuid.
+
+    Ray Serve's proxy always sets ``X-Request-Id`` (the client's, or one it
+    makes up), so a ``request_id`` the client put in the body wins here.
+    """
+    if header_id and "request_id" not in request.model_fields_set:
+        request.request_id = header_id
+    return request
+
+
+def prompt_count(request: CompletionRequest) -> int:
+    """Prompts a completion request holds: a list of strings or of token-id lists is
+    several; a string or one token-id list is one."""
+    prompt = request.prompt
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        return len(prompt)
+    return 1

@@ -44,7 +44,7 @@ USER_CODE = ("(deployments/", "(vllm/")
 STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("HTTP server: uvicorn, Starlette, FastAPI", ("RequestResponseCycle.run_asgi",)),
     ("  writing the response (SSE chunks)", ("RequestResponseCycle.send",)),
-    ("  body parsed and validated (pydantic)", ("parse_body (deployments/edge/bodies.py",)),
+    ("  body parsed and validated (pydantic)", ("validate (deployments/edge/validation.py",)),
     ("Serve: routing and sending a handle call", ("AsyncioRouter.assign_request",)),
     (
         "Serve: a handle call's items read back",

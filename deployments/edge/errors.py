@@ -1,10 +1,11 @@
-"""Error values inside the graph, and the one place they become HTTP.
+"""Error values at the edge, and the one place they become HTTP.
 
-Deployments return vLLM's ``ErrorResponse`` as a value; only the ingress
-turns it into a response, with vLLM's body shape
-``{"error": {"message", "type", "param", "code"}}`` and the status in ``code``.
-At the edge, a route raises one as a ``Refusal``, which the handler installed
-here answers.
+Tiers answer the Ingress with ``Reply`` values (``messages/replies.py``), an
+error among them in vLLM's body shape ``{"error": {"message", "type", "param",
+"code"}}``; only the Ingress turns one into a response. At the edge, a route
+(or a tier validating what the edge passed on) raises one as a ``Refusal``,
+which the handler installed here answers. Nothing here imports vLLM: the
+Ingress does not.
 """
 
 from __future__ import annotations
@@ -16,28 +17,32 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
-from vllm.entrypoints.serve.engine.protocol import ErrorResponse
-from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+
+from deployments.messages.replies import Reply, error_reply
 
 logger = logging.getLogger("ray.serve")
 # nginx's status for a client that closed the connection first; nobody reads it.
 CLIENT_CLOSED_REQUEST = 499
 
 
-def bad_request(message: str, param: str | None = None) -> ErrorResponse:
-    return create_error_response(message, "BadRequestError", HTTPStatus.BAD_REQUEST, param)
+def bad_request(message: str, param: str | None = None) -> Reply:
+    return error_reply(message, "BadRequestError", HTTPStatus.BAD_REQUEST, param)
 
 
-def not_found(message: str) -> ErrorResponse:
-    return create_error_response(message, "NotFoundError", HTTPStatus.NOT_FOUND)
+def not_found(message: str) -> Reply:
+    return error_reply(message, "NotFoundError", HTTPStatus.NOT_FOUND)
 
 
-def unavailable(message: str) -> ErrorResponse:
+def unavailable(message: str) -> Reply:
     """503: the graph cannot serve this now; ``to_http`` adds ``Retry-After``."""
-    return create_error_response(message, "ServiceUnavailableError", HTTPStatus.SERVICE_UNAVAILABLE)
+    return error_reply(message, "ServiceUnavailableError", HTTPStatus.SERVICE_UNAVAILABLE)
 
 
-def no_live_replica(deployment: str) -> ErrorResponse:
+def internal_error(message: str = "internal server error") -> Reply:
+    return error_reply(message, "InternalServerError", HTTPStatus.INTERNAL_SERVER_ERROR)
+
+
+def no_live_replica(deployment: str) -> Reply:
     """503 while a tier a request needs has no running replica (one is being replaced)."""
     return unavailable(f"no {deployment} replica is running; one is starting, retry later")
 
@@ -46,15 +51,16 @@ class Refusal(Exception):
     """An error value raised at the edge; the Ingress's handler answers it (``to_http``),
     so a route reads straight through instead of checking each step's result."""
 
-    def __init__(self, error: ErrorResponse) -> None:
-        super().__init__(error.error.message)
-        self.error = error
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(reply.body["error"]["message"])
+        self.reply = reply
 
 
-def to_http(error: ErrorResponse, headers: dict[str, str] | None = None) -> JSONResponse:
-    if error.error.code == HTTPStatus.SERVICE_UNAVAILABLE:
+def to_http(reply: Reply, headers: dict[str, str] | None = None) -> JSONResponse:
+    """A reply (an answer or an error value) as the HTTP response."""
+    if reply.status == HTTPStatus.SERVICE_UNAVAILABLE:
         headers = {"Retry-After": "1", **(headers or {})}
-    return JSONResponse(error.model_dump(), status_code=error.error.code, headers=headers)
+    return JSONResponse(reply.body, status_code=reply.status, headers=headers)
 
 
 def install_exception_handlers(app: FastAPI) -> None:
@@ -62,12 +68,12 @@ def install_exception_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Refusal)
     async def _refused(_: Request, exc: Refusal) -> Response:
-        return to_http(exc.error)
+        return to_http(exc.reply)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> Response:
         status = HTTPStatus(exc.status_code)
-        return to_http(create_error_response(str(exc.detail), status.phrase, status))
+        return to_http(error_reply(str(exc.detail), status.phrase, status))
 
     @app.exception_handler(ClientDisconnect)
     async def _gone(request: Request, _: ClientDisconnect) -> Response:
@@ -78,14 +84,10 @@ def install_exception_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
         # As vLLM's handlers: ValueError, TypeError, OverflowError (UnicodeError too)
-        # and vLLM's client errors are the input's fault, 4xx; the rest is ours.
-        mapped = create_error_response(exc)
-        if mapped.error.code < HTTPStatus.INTERNAL_SERVER_ERROR:
-            logger.info("%s %s: %s", request.method, request.url.path, mapped.error.message)
-            return to_http(mapped)
+        # are the input's fault, 400; the rest is ours. (vLLM's own client errors are
+        # raised in the tiers, which answer them as values: ``edge/replies.py``.)
+        if isinstance(exc, (ValueError, TypeError, OverflowError)):
+            logger.info("%s %s: %s", request.method, request.url.path, exc)
+            return to_http(bad_request(str(exc)))
         logger.exception("unhandled error on %s %s", request.method, request.url.path)
-        return to_http(
-            create_error_response(
-                "internal server error", "InternalServerError", HTTPStatus.INTERNAL_SERVER_ERROR
-            )
-        )
+        return to_http(internal_error())

@@ -26,9 +26,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
 
 from deployments.edge.errors import CLIENT_CLOSED_REQUEST, to_http, unavailable
+from deployments.messages.replies import error_reply
 from deployments.transport.serve_internals import replica_grpc_max_message_bytes
 
 logger = logging.getLogger("ray.serve")
@@ -163,7 +163,7 @@ def _busy() -> Response:
 
 def _body_timeout(settings: GuardSettings) -> Response:
     return to_http(
-        create_error_response(
+        error_reply(
             f"the request body was not sent within {settings.body_timeout_s:g} s",
             "RequestTimeout",
             HTTPStatus.REQUEST_TIMEOUT,
@@ -174,7 +174,7 @@ def _body_timeout(settings: GuardSettings) -> Response:
 
 def _too_large(size: str, settings: GuardSettings) -> Response:
     return to_http(
-        create_error_response(
+        error_reply(
             f"request body of {size} bytes exceeds {settings.max_body_bytes}",
             "RequestEntityTooLarge",
             HTTPStatus.REQUEST_ENTITY_TOO_LARGE,

@@ -1,9 +1,10 @@
 """Calls from the Ingress into the tiers, and what their answers are in HTTP.
 
-Where error values (vLLM's ``ErrorResponse``) and failures of a handle call
-become answers: 4xx for bad input, 503 with ``Retry-After`` when a tier sheds
-load or has no replica, and, once a stream has started, an SSE error event and
-``[DONE]`` instead of a silent cut. ``call`` raises what a client must be
+Where the tiers' replies (``messages/replies.py``: answers and error values,
+already JSON) and failures of a handle call become answers: 4xx for bad
+input, 503 with ``Retry-After`` when a tier sheds load or has no replica,
+and, once a stream has started, an SSE error event and ``[DONE]`` instead of
+a silent cut. ``call`` raises what a client must be
 told as a ``Refusal`` (``errors``), which the Ingress's handler answers.
 """
 
@@ -17,18 +18,14 @@ from http import HTTPStatus
 from typing import Any
 
 import grpc
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayError, RayTaskError
+from fastapi.responses import Response, StreamingResponse
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
-from vllm.entrypoints.serve.engine.protocol import ErrorResponse
-from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
-from vllm.exceptions import GenerationError
 
 from deployments.edge.errors import Refusal, bad_request, no_live_replica, to_http, unavailable
-from deployments.messages.tier import ServedBy
-from deployments.text.sse import DONE
+from deployments.messages.replies import Reply, ServedBy, error_reply
+from deployments.text.sse import DONE, sse_data
 from deployments.transport.replica_assignment import wait_routed
 
 logger = logging.getLogger("ray.serve")
@@ -89,10 +86,8 @@ async def respond(
         headers = {**(headers or {}), SERVED_BY_HEADER: served_by.replica}
         if served_by.pid is not None:
             headers[REPLICA_PID_HEADER] = str(served_by.pid)
-    if isinstance(first, ErrorResponse):
+    if isinstance(first, Reply):
         return to_http(first, headers)
-    if isinstance(first, BaseModel):
-        return JSONResponse(first.model_dump(), headers=headers)
 
     async def events() -> AsyncIterator[str]:
         try:
@@ -105,8 +100,8 @@ async def respond(
             if on_failure is not None:
                 on_failure(items)
             error = unavailable(f"stream failed: {type(exc).__name__}")
-            yield f"data: {error.model_dump_json()}\n\n"
-            yield f"data: {DONE}\n\n"
+            yield sse_data(error.body)
+            yield sse_data(DONE)
         finally:
             # A client that went away cancels the whole call chain.
             _cancel(items)
@@ -129,8 +124,9 @@ def replica_lost(exc: Exception) -> bool:
 
 
 async def call(response: Any, via: DeploymentHandle[Any]) -> Any:
-    """The answer of a unary call made through ``via``; an error value it returned,
-    or its failure, is raised as a ``Refusal``."""
+    """The answer of a unary call made through ``via`` (a ``Reply``'s body, or a value
+    that is not a reply); an error value it returned, or its failure, is raised as
+    a ``Refusal``."""
     if not await wait_routed(response, via):
         _cancel(response)
         raise Refusal(no_live_replica(via.deployment_name))
@@ -138,8 +134,10 @@ async def call(response: Any, via: DeploymentHandle[Any]) -> Any:
         answer = await response
     except Exception as exc:
         raise Refusal(failure_error(exc)) from None
-    if isinstance(answer, ErrorResponse):
-        raise Refusal(answer)
+    if isinstance(answer, Reply):
+        if answer.is_error:
+            raise Refusal(answer)
+        return answer.body
     return answer
 
 
@@ -153,26 +151,19 @@ def raised_in_tier(exc: Exception) -> Exception:
     return cause if isinstance(exc, RayTaskError) and isinstance(cause, Exception) else exc
 
 
-def failure_error(exc: Exception) -> ErrorResponse:
-    """What a failed handle call means to a client."""
+def failure_error(exc: Exception) -> Reply:
+    """What a failed handle call means to a client. (A tier answers what vLLM would
+    answer for its own errors, bad input or a request its engine ended, as values:
+    ``edge/replies.py``; what is raised here is a failure.)"""
     cause = raised_in_tier(exc)
     if isinstance(cause, (pickle.PicklingError, RecursionError)):
         # The request (or its answer) cannot be pickled between tiers: no retry helps.
         return bad_request(f"the request cannot be passed between tiers: {type(cause).__name__}")
-    if not isinstance(cause, (RayError, BackPressureError)):
-        # A tier raised instead of returning an error value: vLLM's mapping
-        # decides (its validation errors are 400s; a request its engine ended
-        # with an error is vLLM's 500); unknown causes stay 503.
-        mapped = create_error_response(cause)
-        if mapped.error.code < HTTPStatus.INTERNAL_SERVER_ERROR or isinstance(
-            cause, GenerationError
-        ):
-            return mapped
     if isinstance(exc, BackPressureError):
         return unavailable("the server is overloaded; retry later")
     if _too_large_to_cross(cause):
         # No retry can succeed: the request or its answer is too large for the hop.
-        return create_error_response(
+        return error_reply(
             "a message between the graph's tiers exceeds Serve's gRPC limit "
             "(RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH)",
             "RequestEntityTooLarge",
@@ -188,13 +179,10 @@ def _too_large_to_cross(exc: Exception) -> bool:
     )
 
 
-def _tier_failed(exc: Exception, error: ErrorResponse) -> bool:
-    """A tier broke under the call; overload, bad input and a request the engine
-    ended leave nothing running."""
+def _tier_failed(exc: Exception, error: Reply) -> bool:
+    """A tier broke under the call; overload and bad input leave nothing running."""
     return (
-        not isinstance(exc, BackPressureError)
-        and not isinstance(raised_in_tier(exc), GenerationError)
-        and error.error.code >= HTTPStatus.INTERNAL_SERVER_ERROR
+        not isinstance(exc, BackPressureError) and error.status >= HTTPStatus.INTERNAL_SERVER_ERROR
     )
 
 

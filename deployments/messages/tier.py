@@ -1,14 +1,15 @@
-"""Wire models between the graph's tiers.
+"""Wire models between the graph's vLLM tiers (Render, Generate, Derender).
 
-Tiers exchange vLLM's own protocol models (``GenerateRequest``,
+They exchange vLLM's own protocol models (``GenerateRequest``,
 ``ChatCompletionRequest``, ``ErrorResponse``, …) through DeploymentHandles;
-this module adds only what vLLM has no model for. Errors travel as values
-(``ErrorResponse``) and the ingress alone maps them to HTTP. The control plane's
-models live apart, in ``messages/control.py``, so that it never imports vLLM.
+this module adds only what vLLM has no model for. What crosses into the
+Ingress, which imports no vLLM, is in ``messages/replies.py``; the control
+plane's models are in ``messages/control.py``, for the same reason.
 """
 
 from __future__ import annotations
 
+import pickle
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -17,6 +18,8 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateRequest
 from vllm.entrypoints.serve.engine.protocol import UsageInfo
+
+from deployments.messages.replies import RenderedText
 
 
 class TextJob(BaseModel):
@@ -33,23 +36,15 @@ class TextJob(BaseModel):
     model_name: str
     """The model name echoed in responses (the request's `model`)."""
 
-
-class ServedBy(BaseModel):
-    """First item of a text stream: which replica holds it (the stream is pinned there)."""
-
-    placement: Literal["inline", "tier"]
-    replica: str
-    pid: int | None = None
-    """Set only with ``GraphConfig.expose_replica_pid`` (tests)."""
-
-
-def served_by(placement: Literal["inline", "tier"], *, with_pid: bool) -> ServedBy:
-    import os
-
-    from ray import serve
-
-    replica = serve.get_replica_context().replica_id.unique_id
-    return ServedBy(placement=placement, replica=replica, pid=os.getpid() if with_pid else None)
+    def rendered(self) -> RenderedText:
+        """This job as it crosses the Ingress: pickled once, with what routing reads."""
+        request = self.generate_request
+        return RenderedText(
+            token_ids=request.token_ids,
+            cache_salt=request.cache_salt,
+            multimodal=request.features is not None,
+            job=pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL),
+        )
 
 
 class ParseContext(BaseModel):

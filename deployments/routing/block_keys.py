@@ -11,10 +11,12 @@ the hashes of blocks stored and removed, as 64-bit ints by default
 (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
 
 The router computes the same keys from a request's rendered token ids with
-vLLM's own hash function, and compares them with what each engine's events
-say it holds. vLLM's hashing is reached through ``vllm_internals``; its event
-types are vLLM's public KV events API. ``tests/integration/test_kv_block_keys.py`` checks
-its keys against the events of vLLM's own server.
+vLLM's hash functions, and compares them with what each engine's events say
+it holds. vLLM's hashing is copied in ``vllm_adapter/block_hashing.py`` (the
+router runs in the Ingress, which imports no vLLM) and held to vLLM's by a
+test; its event types are vLLM's public KV events API.
+``tests/integration/test_kv_block_keys.py`` checks its keys against the events
+of vLLM's own server.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from deployments.vllm_adapter.block_hashing import hash_chain, hash_fn_by_name
 
 _INT_MASK = (1 << 64) - 1
 
@@ -37,8 +41,6 @@ class BlockKeying:
 
     def keys(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[int]:
         """The engine's keys (as KV events carry them) of every full block of ``token_ids``."""
-        from deployments.vllm_adapter.internals import hash_chain
-
         size = self.block_size
         blocks = [
             # vLLM's extra keys without LoRA or multimodal input: the salt, on block 0.
@@ -129,7 +131,5 @@ def _decoder(kind: type) -> Any:
 
 def _hash_fn(algo: str) -> Callable[[Any], bytes]:
     if algo not in _HASH_FNS:
-        from deployments.vllm_adapter.internals import hash_fn_by_name
-
         _HASH_FNS[algo] = hash_fn_by_name(algo)
     return _HASH_FNS[algo]

@@ -33,11 +33,12 @@ from __future__ import annotations
 import time
 from array import array
 from collections import OrderedDict
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 from ray.serve.config import RequestRouterConfig
 from ray.serve.request_router import PendingRequest, ReplicaID, RunningReplica
 
+from deployments.messages.replies import RenderedText
 from deployments.routing.block_keys import BlockKeying
 from deployments.routing.engine_blocks import ROUTING_STATS_KEY
 from deployments.routing.pinned_router import PinnedRouter
@@ -204,15 +205,32 @@ def prefix_choice(
 
 
 def _prompt(pending: PendingRequest) -> tuple[list[int], str | None] | None:
-    """Token ids and cache salt of a generate call's request, if it has one."""
+    """Token ids and cache salt of a generate call's request, if it has one: a
+    ``GenerateRequest`` (from Derender), a ``RenderedText`` (inline text) or the
+    body of ``/inference/v1/generate`` as the client sent it (tokens and text
+    output; Generate validates it, so anything but token ids routes by default).
+
+    Multimodal features add block keys the router cannot make: such a request
+    routes by default too."""
     if not pending.args:
         return None
     request = pending.args[0]
-    request = getattr(request, "generate_request", request)  # a TextJob
+    if isinstance(request, RenderedText):
+        return None if request.multimodal else (request.token_ids, request.cache_salt)
+    if isinstance(request, dict):
+        token_ids, salt = request.get("token_ids"), request.get("cache_salt")
+        if request.get("features") is not None or not _token_ids(token_ids):
+            return None
+        return token_ids, salt if isinstance(salt, str) else None
     token_ids = getattr(request, "token_ids", None)
     if not isinstance(token_ids, list) or getattr(request, "features", None) is not None:
-        return None  # multimodal features add block keys the router cannot make
+        return None
     return token_ids, getattr(request, "cache_salt", None)
+
+
+def _token_ids(value: Any) -> TypeGuard[list[int]]:
+    """A list of token ids (ints, not bools), as a client body may or may not hold."""
+    return isinstance(value, list) and all(type(t) is int for t in value)
 
 
 def prefix_routing(

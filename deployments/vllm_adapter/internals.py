@@ -8,8 +8,9 @@ fails naming it, and ``tests/integration/test_parity_vllm.py`` reads the engine
 request-id prefix from a vLLM server's answer.
 
 vLLM is imported here once, at module level, so the per-token helpers below
-cost one call each. ``kv_blocks`` imports this module only when it hashes, so
-the prefix router's module stays light to import.
+cost one call each. The block hashing the prefix router needs is copied apart,
+in ``block_hashing.py``, since the router runs in the Ingress, which imports no
+vLLM.
 
 Not routed through here: ``deployments/vllm_adapter/cpu_worker.py`` subclasses vLLM's CPU
 model runner (``_sample``, ``_bookkeeping_sync``), which only a subclass can
@@ -18,7 +19,7 @@ do; its symbols are checked beside the others.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from vllm.entrypoints.serve.exception_handling.handlers.validation import (
@@ -33,8 +34,7 @@ from vllm.renderers.online_derenderer import (
     _resolve_logprobs,
     _seed_stream_state,
 )
-from vllm.utils.hashing import get_hash_fn_by_name
-from vllm.v1.core.kv_cache_utils import DEFAULT_NONE_HASH_SEED, BlockHash, hash_block_tokens
+from vllm.v1.core.kv_cache_utils import DEFAULT_NONE_HASH_SEED
 
 if TYPE_CHECKING:
     from vllm.entrypoints.openai.chat_completion.protocol import (
@@ -217,22 +217,3 @@ def default_none_hash_seed() -> str:
     return DEFAULT_NONE_HASH_SEED
 
 
-def hash_fn_by_name(algo: str) -> Callable[[Any], bytes]:
-    """vLLM's block hash function named by ``--prefix-caching-hash-algo``."""
-    return get_hash_fn_by_name(algo)
-
-
-def hash_chain(
-    hash_fn: Callable[[Any], bytes],
-    blocks: Sequence[tuple[Sequence[int], tuple[Any, ...] | None]],
-    root_seed: str,
-) -> list[bytes]:
-    """vLLM's block hashes of ``blocks`` (tokens, extra keys), each chained on the one
-    before; the first on the root vLLM derives from ``root_seed`` (passed in, so this
-    process's own root is never read)."""
-    parent = BlockHash(hash_fn(root_seed))
-    out: list[bytes] = []
-    for token_ids, extra_keys in blocks:
-        parent = hash_block_tokens(hash_fn, parent, token_ids, extra_keys)
-        out.append(bytes(parent))
-    return out

@@ -32,6 +32,21 @@ def test_building_the_graph_imports_no_vllm() -> None:
     assert result.stdout.strip() == "[]"
 
 
+def test_the_ingress_replica_module_imports_no_vllm() -> None:
+    """The Ingress passes bodies on and reads plain replies (``messages/replies.py``);
+    its replica starts without vLLM and torch. (That no answer loads them later:
+    ``tests/integration/test_ingress_without_vllm.py``.)"""
+    probe = (
+        "import sys, deployments.ingress; "
+        "print(sorted({'vllm', 'torch', 'transformers'} & set(sys.modules)))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
 @pytest.mark.parametrize(
     ("path", "module", "name"),
     [

@@ -43,9 +43,9 @@ def test_key_comparison() -> None:
 
 def test_overload_maps_to_503() -> None:
     error = failure_error(BackPressureError(num_queued_requests=3, max_queued_requests=2))
-    assert error.error.code == 503
-    assert error.error.type == "ServiceUnavailableError"
-    assert failure_error(RuntimeError("boom")).error.code == 503
+    assert error.status == error.body["error"]["code"] == 503
+    assert error.body["error"]["type"] == "ServiceUnavailableError"
+    assert failure_error(RuntimeError("boom")).status == 503
 
 
 def guarded_app(api_key: str | None, max_body_bytes: int) -> FastAPI:

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
+from typing import Any
 
 from fastapi.responses import StreamingResponse
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
+from ray.exceptions import ActorDiedError, ActorUnavailableError
 from ray.serve.exceptions import BackPressureError
-from vllm.exceptions import GenerationError, RetryableRequestError, VLLMValidationError
 
 from deployments.edge.tier_calls import RETRIES_ON_REPLICA_LOSS, respond
+from deployments.messages.replies import ServedBy, TierFailure, error_reply
 from deployments.text.sse import DONE, sse_data
 
 
 class Call:
     """A streamed handle call: yields ``items``, then raises ``error`` if set."""
 
-    def __init__(self, items: list[str], error: Exception | None = None) -> None:
+    def __init__(self, items: list[Any], error: Exception | None = None) -> None:
         self._items = iter(items)
         self._error = error
         self.cancelled = False
@@ -26,7 +26,7 @@ class Call:
     def __aiter__(self) -> Call:
         return self
 
-    async def __anext__(self) -> str:
+    async def __anext__(self) -> Any:
         for item in self._items:
             return item
         if self._error is not None:
@@ -105,42 +105,23 @@ def test_a_replica_lost_before_the_first_item_every_time_is_a_503_with_cleanup()
 
 
 def test_a_failure_that_is_not_a_lost_replica_is_not_called_again() -> None:
-    """Overload, bad input and a request its engine ended each answer at once."""
+    """Overload and a tier that failed (not a lost replica) each answer at once."""
     for error in (
         BackPressureError(num_queued_requests=2, max_queued_requests=1),
-        VLLMValidationError("bad", parameter="n"),
-        GenerationError(),
+        TierFailure("RuntimeError: boom"),
     ):
         calls = [Call([], error), Call([sse_data({"i": 1})])]
         status, _ = asyncio.run(body_of(calls, []))
-        assert status in (400, 500, 503), (error, status)
+        assert status == 503, (error, status)
         assert not calls[1].cancelled and next(calls[1]._items, None) is not None, error
 
 
-def test_a_request_its_engine_ended_is_vllms_own_answer_without_cleanup() -> None:
-    """vLLM's server answers a request whose engine ended it with an error
-    (``finish_reason: "error"``) 500, or 503 when it is retryable; nothing is left
-    running, so nothing is aborted."""
-    cases = ((GenerationError(), 500), (RetryableRequestError(), 503))
-    for (cause, status), wrapped in itertools.product(cases, (True, False)):
-        failures: list[str] = []
-        # Over the object store Ray wraps what the tier raised; over gRPC it does not.
-        failed = RayTaskError("generate", "traceback", cause) if wrapped else cause
-        code, body = asyncio.run(body_of(Call([], failed), failures))
-        error = json.loads(body)["error"]
-        assert (code, error["code"], error["message"]) == (status, status, str(cause))
-        assert error["type"] == (
-            "InternalServerError" if status == 500 else "ServiceUnavailableError"
-        )
-        assert failures == []
-
-
-def test_bad_input_a_tier_raised_is_a_400_however_it_travelled() -> None:
-    """vLLM's validation errors raised in a tier are vLLM's 400, wrapped in a
-    ``RayTaskError`` (object store) or not (Serve's gRPC data plane)."""
-    cause = VLLMValidationError("logprobs too many", parameter="logprobs")
-    for failed in (RayTaskError("generate", "traceback", cause), cause):
-        failures: list[str] = []
-        code, body = asyncio.run(body_of(Call([], failed), failures))
-        assert (code, json.loads(body)["error"]["type"]) == (400, "BadRequestError")
-        assert failures == []
+def test_an_error_reply_first_is_its_status_and_body_and_no_retry() -> None:
+    """What a tier answers as an error value (bad input, a request its engine
+    ended) is the response as the tier wrote it; nothing was left running."""
+    failures: list[str] = []
+    refused = error_reply("bad n", param="n")
+    calls = [Call([ServedBy(placement="inline", replica="r1"), refused]), Call([])]  # type: ignore[list-item]
+    status, body = asyncio.run(body_of(calls, failures))
+    assert (status, json.loads(body)) == (400, refused.body)
+    assert failures == [] and next(calls[1]._items, None) is None

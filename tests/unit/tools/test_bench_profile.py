@@ -10,7 +10,7 @@ from bench.requests.profile import attribute, stacks
 
 RAW = (
     "Thread.run (threading.py:982);Ingress.chat_completions (deployments/ingress.py:120);"
-    "parse_body (deployments/edge/bodies.py:40);BaseModel.model_validate (pydantic/main.py:7) 3\n"
+    "validate (deployments/edge/validation.py:40);BaseModel.model_validate (pydantic/main.py:7) 3\n"
     "Thread.run (threading.py:982);AsyncioRouter.assign_request (ray/serve/_private/router.py:9);"
     "dumps (ray/cloudpickle/cloudpickle.py:1) 5\n"
     "Thread.run (threading.py:982);Logger._log (logging/__init__.py:1) 2\n"

@@ -183,30 +183,19 @@ def test_derender_chat_stream_parsed(state: Any, tokenizer: Any) -> None:
         assert (delta.content or "").strip() == "Done."
 
 
-def test_block_hashing_seed_and_algorithms(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_block_hashing_seed_and_non_cryptographic_algorithms(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core import kv_cache_utils
 
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
-    sha = vi.hash_fn_by_name("sha256")
+    sha = get_hash_fn_by_name("sha256")
     with vllm_symbol("kv_cache_utils.DEFAULT_NONE_HASH_SEED / resolve_none_hash_seed"):
         assert kv_cache_utils.resolve_none_hash_seed(sha) == vi.default_none_hash_seed()
     with vllm_symbol("kv_cache_utils._NON_CRYPTO_HASH_FUNCTIONS"):
-        named = {vi.hash_fn_by_name(name) for name in vi.NON_CRYPTO_HASH_ALGOS}
+        named = {get_hash_fn_by_name(name) for name in vi.NON_CRYPTO_HASH_ALGOS}
         assert named == set(kv_cache_utils._NON_CRYPTO_HASH_FUNCTIONS)
-
-
-def test_hash_chain_is_vllms_chain() -> None:
-    from vllm.v1.core import kv_cache_utils
-
-    sha = vi.hash_fn_by_name("sha256")
-    kv_cache_utils.init_none_hash(sha)
-    seed = kv_cache_utils.get_none_hash_seed()
-    tokens = list(range(32))
-    with vllm_symbol("kv_cache_utils.hash_block_tokens"):
-        first, second = vi.hash_chain(sha, [(tokens[:16], None), (tokens[16:], None)], seed)
-        want = kv_cache_utils.hash_block_tokens(sha, kv_cache_utils.NONE_HASH, tokens[:16], None)
-        assert first == want
-        assert second == kv_cache_utils.hash_block_tokens(sha, want, tokens[16:], None)
 
 
 @pytest.mark.parametrize("method", ["_sample", "_bookkeeping_sync"])

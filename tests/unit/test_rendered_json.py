@@ -8,7 +8,7 @@ import pytest
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateRequest
 from vllm.sampling_params import SamplingParams
 
-from deployments.ingress import rendered_json
+from deployments.render import rendered_json
 
 
 def round_trip(request: GenerateRequest, dump: dict[str, object]) -> GenerateRequest:

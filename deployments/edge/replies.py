@@ -1,0 +1,94 @@
+"""The tiers' side of the edge: what a tier method called by the Ingress returns
+or yields, as values the Ingress can read without importing vLLM.
+
+- vLLM's models become ``Reply`` values (an ``ErrorResponse`` with its
+  ``code`` as the status), their JSON body written here, once;
+- a ``Refusal`` (a body that failed validation here) becomes its reply;
+- an exception raised before the first answer becomes vLLM's answer to it
+  when it is the request's fault or a request the engine ended
+  (``GenerationError``), as vLLM's server answers them. Any other is raised
+  as a ``TierFailure`` (or as Ray's own error), a type the Ingress can
+  unpickle without vLLM, and answered 503 there.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from http import HTTPStatus
+from typing import Any, ParamSpec
+
+from pydantic import BaseModel
+from ray.exceptions import RayError
+from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+from vllm.exceptions import GenerationError
+
+from deployments.edge.errors import Refusal
+from deployments.messages.replies import Reply, ServedBy, TierFailure
+
+P = ParamSpec("P")
+
+
+def reply_of(value: Any) -> Any:
+    """A vLLM model as a ``Reply``; any other value (SSE text, ``ServedBy``,
+    ``RenderedText``) as it is."""
+    if isinstance(value, ErrorResponse):
+        return Reply(value.error.code, value.model_dump())
+    if isinstance(value, BaseModel):
+        return Reply(HTTPStatus.OK.value, value.model_dump())
+    return value
+
+
+def refusal_of(exc: Exception) -> Reply | None:
+    """What vLLM's server answers for ``exc``, if that is a request's answer (bad
+    input, a request its engine ended); None when a tier failed."""
+    if isinstance(exc, Refusal):
+        return exc.reply
+    if isinstance(exc, RayError):
+        return None
+    mapped = create_error_response(exc)
+    if mapped.error.code < HTTPStatus.INTERNAL_SERVER_ERROR or isinstance(exc, GenerationError):
+        return reply_of(mapped)
+    return None
+
+
+def crossing(exc: Exception) -> Exception:
+    """``exc`` as the Ingress may receive it: Ray's errors as they are (the Ingress
+    reads them: a lost replica is retried), any other as a ``TierFailure``."""
+    if isinstance(exc, RayError):
+        return exc
+    return TierFailure(f"{type(exc).__name__}: {exc}")
+
+
+def answers_ingress(
+    method: Callable[P, Awaitable[Any]],
+) -> Callable[P, Awaitable[Any]]:
+    """A unary tier method the Ingress calls: its answer as a ``Reply``."""
+
+    @functools.wraps(method)
+    async def answer(*args: P.args, **kwargs: P.kwargs) -> Any:
+        try:
+            return reply_of(await method(*args, **kwargs))
+        except Exception as exc:
+            reply = refusal_of(exc)
+            if reply is None:
+                raise crossing(exc) from None
+            return reply
+
+    return answer
+
+
+async def ingress_items(items: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A streamed tier call's items for the Ingress; what ``items`` raises before
+    its first answer (a ``ServedBy`` marker is none) as ``answers_ingress`` does."""
+    answered = False
+    try:
+        async for item in items:
+            answered = answered or not isinstance(item, ServedBy)
+            yield reply_of(item)
+    except Exception as exc:
+        reply = None if answered else refusal_of(exc)
+        if reply is None:
+            raise crossing(exc) from None
+        yield reply
