@@ -3,48 +3,31 @@ import path of its class, so building the graph imports none of the replicas' co
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from typing import Any
 
 import pytest
 
-from bench.harness.servers import REPO
 from deployments.declarations.control_plane import CONTROL_PLANE
 from deployments.declarations.derender import DERENDER
 from deployments.declarations.generate import GENERATE
 from deployments.declarations.ingress import INGRESS
 from deployments.declarations.render import RENDER
 from deployments.transport.serve_internals import replica_class
+from tests.support.imports import heavy_modules_after
 
 
 def test_building_the_graph_imports_no_vllm() -> None:
     """``serve run graph:app`` imports graph.py in the CLI (and a config's build task
     does on the head): without vLLM, ~2 s and ~150 MB rather than ~12 s and ~660 MB."""
-    probe = (
-        "import sys, graph; graph.build_app({'text_placement': 'tier'}); "
-        "print(sorted({'vllm', 'torch', 'transformers'} & set(sys.modules)))"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    assert heavy_modules_after("import graph; graph.build_app({'text_placement': 'tier'})") == []
 
 
 def test_the_ingress_replica_module_imports_no_vllm() -> None:
     """The Ingress passes bodies on and reads plain replies (``messages/replies.py``);
     its replica starts without vLLM and torch. (That no answer loads them later:
     ``tests/integration/test_ingress_without_vllm.py``.)"""
-    probe = (
-        "import sys, deployments.ingress; "
-        "print(sorted({'vllm', 'torch', 'transformers'} & set(sys.modules)))"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    assert heavy_modules_after("import deployments.ingress") == []
 
 
 @pytest.mark.parametrize(
