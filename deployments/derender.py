@@ -19,6 +19,7 @@ in ``deployments/declarations/derender.py``.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -114,7 +115,9 @@ class Derender(ChannelSource):
         async for item in self._outboxes.bind(ingress_items(marked), caller, key):
             yield item
 
-    async def _text_items(self, job: TextJob, event: ChunkEvent, key: str) -> AsyncIterator[Any]:
+    async def _text_items(
+        self, job: TextJob, event: ChunkEvent, key: str
+    ) -> AsyncGenerator[Any, None]:
         """The job's output, each stream chunk written by ``event`` (not coalesced:
         the step channel batches it)."""
         stream = bool(job.generate_request.stream)
@@ -166,7 +169,7 @@ class Derender(ChannelSource):
 
     async def _derender_items(
         self, body: dict[str, Any], context: Any, key: str
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         request = validate({**body, "output_mode": "tokens"}, GenerateRequest)
         if not request.sampling_params.detokenize:
             raise Refusal(bad_request("output_mode='derender' requires sampling_params.detokenize"))
@@ -174,8 +177,9 @@ class Derender(ChannelSource):
         model = request.model or self._config.model_name
         chat = (parse_context or ParseContext()).chat_request(model)
         job = TextJob(generate_request=request, chat_request=chat, model_name=model)
-        async for item in self._text_items(job, _derender_event, key):
-            yield _derender_response(item) if isinstance(item, ChatCompletionResponse) else item
+        async with contextlib.aclosing(self._text_items(job, _derender_event, key)) as items:
+            async for item in items:
+                yield _derender_response(item) if isinstance(item, ChatCompletionResponse) else item
 
     @answers_ingress
     async def derender_chat(
@@ -210,10 +214,12 @@ def _with_state(result: Any, wrapper: Any) -> Any:
     return wrapper(chunk=chunk, stream_state=state)
 
 
-async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+async def _prepend(first: Any, rest: AsyncGenerator[Any, None]) -> AsyncGenerator[Any, None]:
+    """``first``, then ``rest``, which closes with this generator."""
     yield first
-    async for item in rest:
-        yield item
+    async with contextlib.aclosing(rest) as items:
+        async for item in items:
+            yield item
 
 
 def _derender_response(response: ChatCompletionResponse) -> GenerateDerenderResponse:

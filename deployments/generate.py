@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from ray import serve
@@ -177,10 +177,11 @@ class Generate(ChannelSource):
         async for item in ingress_items(self._generate_body(body)):
             yield item
 
-    async def _generate_body(self, body: dict[str, Any]) -> AsyncIterator[Any]:
+    async def _generate_body(self, body: dict[str, Any]) -> AsyncGenerator[Any, None]:
         request = validate(body, GenerateRequest)
-        async for item in self._generate_items(request, self._coalesce_s):
-            yield item
+        async with contextlib.aclosing(self._generate_items(request, self._coalesce_s)) as items:
+            async for item in items:
+                yield item
 
     async def generate_on_channel(
         self, request: GenerateRequest, caller: str, key: str
@@ -191,7 +192,7 @@ class Generate(ChannelSource):
 
     async def _generate_items(
         self, request: GenerateRequest, coalesce_s: float | None = None, key: str | None = None
-    ) -> AsyncIterator[str | GenerateResponseBase | ErrorResponse]:
+    ) -> AsyncGenerator[str | GenerateResponseBase | ErrorResponse, None]:
         call = self._open(key)
         try:
             with call.opening():
@@ -226,7 +227,7 @@ class Generate(ChannelSource):
         async for item in ingress_items(self._text_items(rendered)):
             yield item
 
-    async def _text_items(self, rendered: RenderedText) -> AsyncIterator[Any]:
+    async def _text_items(self, rendered: RenderedText) -> AsyncGenerator[Any, None]:
         if self._config.tokens_only:
             yield bad_request(
                 "inline text needs a tokenizer on Generate, but this graph runs tokens_only"

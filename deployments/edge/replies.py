@@ -13,8 +13,9 @@ or yields, as values the Ingress can read without importing vLLM.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from http import HTTPStatus
 from typing import Any, ParamSpec
 
@@ -79,14 +80,18 @@ def answers_ingress(
     return answer
 
 
-async def ingress_items(items: AsyncIterator[Any]) -> AsyncIterator[Any]:
+async def ingress_items(items: AsyncGenerator[Any, None]) -> AsyncIterator[Any]:
     """A streamed tier call's items for the Ingress; what ``items`` raises before
-    its first answer (a ``ServedBy`` marker is none) as ``answers_ingress`` does."""
+    its first answer (a ``ServedBy`` marker is none) as ``answers_ingress`` does.
+
+    ``items`` is closed with this generator (a client gone, a call cancelled), not
+    left to the collector: its ``finally`` frees the engine's request."""
     answered = False
     try:
-        async for item in items:
-            answered = answered or not isinstance(item, ServedBy)
-            yield reply_of(item)
+        async with contextlib.aclosing(items) as source:
+            async for item in source:
+                answered = answered or not isinstance(item, ServedBy)
+                yield reply_of(item)
     except Exception as exc:
         reply = None if answered else refusal_of(exc)
         if reply is None:

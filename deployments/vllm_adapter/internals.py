@@ -215,5 +215,3 @@ NON_CRYPTO_HASH_ALGOS = frozenset({"xxhash", "xxhash_cbor"})
 def default_none_hash_seed() -> str:
     """The seed of vLLM's root block hash when ``PYTHONHASHSEED`` is unset."""
     return DEFAULT_NONE_HASH_SEED
-
-
