@@ -48,7 +48,7 @@ from deployments.config.graph_config import GraphConfig
 from deployments.edge.bodies import json_of
 from deployments.edge.errors import Refusal, bad_request, no_live_replica
 from deployments.edge.replies import answers_ingress, ingress_items
-from deployments.edge.validation import validate
+from deployments.edge.validation import named_by_header, validate
 from deployments.messages.control import ControlCommand
 from deployments.messages.replies import RenderedText, served_by
 from deployments.messages.tier import (
@@ -158,12 +158,13 @@ class Derender(ChannelSource):
             channels.stop()
 
     async def generate_derender_on_channel(
-        self, body: dict[str, Any], context: Any, caller: str, key: str
+        self, body: dict[str, Any], context: Any, header_id: str | None, caller: str, key: str
     ) -> AsyncIterator[Any]:
         """``output_mode: "derender"``: the parsed assistant message, unary or
         streamed, a stream's events on the caller's step channel. ``body`` is the
-        generate body, ``context`` its ``parse_context``, as the client sent them."""
-        items = ingress_items(self._derender_items(body, context, key))
+        generate body, ``context`` its ``parse_context``, as the client sent them,
+        ``header_id`` its ``X-Request-Id``."""
+        items = ingress_items(self._derender_items(named_by_header(body, header_id), context, key))
         async for item in self._outboxes.bind(items, caller, key):
             yield item
 

@@ -39,7 +39,7 @@ from deployments.config.graph_config import GraphConfig
 from deployments.edge.errors import bad_request
 from deployments.edge.json_body import allow_deep_values
 from deployments.edge.replies import ingress_items
-from deployments.edge.validation import validate
+from deployments.edge.validation import named_by_header, validate
 from deployments.messages.control import ControlCommand, EngineState
 from deployments.messages.replies import RenderedText, served_by
 from deployments.routing.block_keys import engine_keying, kv_events_config
@@ -171,14 +171,16 @@ class Generate(ChannelSource):
         await asyncio.sleep(DEAD_ENGINE_EXIT_GRACE_S)
         os._exit(1)
 
-    async def generate(self, body: dict[str, Any]) -> AsyncIterator[Any]:
+    async def generate(self, body: dict[str, Any], header_id: str | None) -> AsyncIterator[Any]:
         """``/inference/v1/generate`` (``tokens`` and ``text``), the body as the client
-        sent it: SSE events if ``stream``, else one reply."""
-        async for item in ingress_items(self._generate_body(body)):
+        sent it and its ``X-Request-Id``: SSE events if ``stream``, else one reply."""
+        async for item in ingress_items(self._generate_body(body, header_id)):
             yield item
 
-    async def _generate_body(self, body: dict[str, Any]) -> AsyncGenerator[Any, None]:
-        request = validate(body, GenerateRequest)
+    async def _generate_body(
+        self, body: dict[str, Any], header_id: str | None
+    ) -> AsyncGenerator[Any, None]:
+        request = validate(named_by_header(body, header_id), GenerateRequest)
         async with contextlib.aclosing(self._generate_items(request, self._coalesce_s)) as items:
             async for item in items:
                 yield item

@@ -204,10 +204,13 @@ class Ingress:
             )
         if data.get("output_mode") != "derender":
             # The Ingress's own call: ending it (client gone, failure) cancels it there.
-            return await respond(lambda: self._generate.generate.remote(data), self._generate)
+            header_id = _header_id(raw)
+            return await respond(
+                lambda: self._generate.generate.remote(data, header_id), self._generate
+            )
         return await respond(
             lambda: self._derender_channels.call(
-                "generate_derender_on_channel", data, context_data
+                "generate_derender_on_channel", data, context_data, _header_id(raw)
             ),
             self._derender,
             on_failure=self._end_later,

@@ -48,3 +48,16 @@ def parse_body(body: bytes, model: type[ModelT]) -> ModelT:
     """A body as the client sent it, parsed and validated as ``model``."""
     result: ModelT = validate(json_of(body), model)
     return result
+
+
+def named_by_header(body: Any, header_id: str | None) -> Any:
+    """A generate body named by ``X-Request-Id``, as vLLM's ``/inference/v1/generate``
+    names it (``_base_request_id``), unless the body names itself.
+
+    vLLM takes the header over the body, but Ray Serve's proxy sets the header
+    on every request (the client's, or one it makes up), so a ``request_id``
+    the client put in the body wins here, as it does for chat (``Render``).
+    """
+    if header_id and isinstance(body, dict) and "request_id" not in body:
+        return {**body, "request_id": header_id}
+    return body

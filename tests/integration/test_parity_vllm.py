@@ -523,3 +523,23 @@ def test_engine_request_id_prefix_is_vllms(vllm_server: Server, client: httpx.Cl
     assert want.json()["request_id"] == engine_request_id("probe-id")
     got = client.post("/inference/v1/generate", json=request)
     assert got.json()["request_id"] == want.json()["request_id"]
+
+
+def test_x_request_id_names_a_generate_request_as_in_vllm(
+    vllm_server: Server, client: httpx.Client
+) -> None:
+    """vLLM's generate route takes the request id from ``X-Request-Id`` (its
+    ``_base_request_id``); so does the graph, for a body that names none."""
+    rendered = client.post("/v1/chat/completions/render", json={**SHAPES["chat"], "max_tokens": 2})
+    request = rendered.json()
+    request.pop("parse_context")
+    request.pop("request_id", None)
+    headers = {"X-Request-Id": "header-id"}
+    want = httpx.post(
+        f"{vllm_server.base_url}/inference/v1/generate", json=request, headers=headers, timeout=60
+    )
+    assert want.status_code == 200, want.text
+    assert want.json()["request_id"].endswith("header-id")
+    got = client.post("/inference/v1/generate", json=request, headers=headers)
+    assert got.status_code == 200, got.text
+    assert got.json()["request_id"] == want.json()["request_id"]

@@ -34,7 +34,7 @@ KINDS = ["tokens", "derender", "inline", "tier", "inline-header"]
 
 def _with_id(kind: str, body: dict[str, Any], headers: dict[str, str], shared: str) -> None:
     """Give the request the id ``shared``: in the body, or as vLLM's header."""
-    if kind == "inline-header":
+    if kind.endswith("-header"):
         headers["X-Request-Id"] = shared
         body.pop("request_id", None)
     else:
@@ -44,7 +44,7 @@ def _with_id(kind: str, body: dict[str, Any], headers: dict[str, str], shared: s
 def _short(kind: str, body: dict[str, Any]) -> dict[str, Any]:
     """The same request, one token long, not streamed."""
     short = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-    if kind in ("tokens", "derender"):
+    if kind in ("tokens", "derender", "tokens-header"):
         short["sampling_params"] = {**body["sampling_params"], "max_tokens": 1}
         short.pop("vllm_xargs", None)
     else:
@@ -62,7 +62,7 @@ def _long(
     kind: str, client: httpx.Client, shared: str
 ) -> tuple[str, dict[str, Any], dict[str, str]]:
     path, body, headers = long_body(
-        "inline" if kind == "inline-header" else kind, client, tokens=TOKENS, pace_ms=PACE_MS
+        kind.removesuffix("-header"), client, tokens=TOKENS, pace_ms=PACE_MS
     )
     headers = dict(headers)
     _with_id(kind, body, headers, shared)
@@ -92,7 +92,7 @@ def test_a_request_that_ends_leaves_another_with_its_id_running(
     wait_idle(client, within_s=HANG_GUARD_S)
 
 
-@pytest.mark.parametrize("kind", ["tokens", "tier", "inline-header"])
+@pytest.mark.parametrize("kind", ["tokens", "tier", "inline-header", "tokens-header"])
 def test_an_abort_by_id_ends_every_request_with_that_id(client: httpx.Client, kind: str) -> None:
     shared = f"both-{kind}-{uuid.uuid4().hex[:8]}"
     path, body, headers = _long(kind, client, shared)
@@ -116,7 +116,7 @@ def test_an_abort_by_id_ends_every_request_with_that_id(client: httpx.Client, ki
 
 def _paced_long(kind: str, body: dict[str, Any]) -> dict[str, Any]:
     """Long enough (80 s) that only the abort can end it within the test's guard."""
-    if kind == "tokens":
+    if kind.startswith("tokens"):
         params = {**body["sampling_params"], "max_tokens": 4000}
         params["extra_args"] = {**params.get("extra_args", {}), "pace_ms": 20}
         return {"sampling_params": params}
