@@ -58,7 +58,8 @@ async def _unary(raw: Request, method: DeploymentHandle) -> Response:
 
 
 def _header_id(raw: Request) -> str | None:
-    """The ``X-Request-Id`` header, which Render applies as vLLM does."""
+    """The ``X-Request-Id`` header, which the tier that validates the body applies
+    as vLLM does (Render for chat and completions, Generate or Derender for generate)."""
     return raw.headers.get(REQUEST_ID_HEADER)
 
 
