@@ -11,7 +11,7 @@ in ``deployments/declarations/render.py``.
 from __future__ import annotations
 
 import os
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import TypeAdapter
 from starlette.datastructures import State
@@ -95,7 +95,7 @@ class Render:
     async def chat_text(self, body: bytes, header_id: str | None) -> RenderedText:
         """``/v1/chat/completions``: the body rendered, as the job Generate
         (inline) or Derender (tier) turns into text."""
-        request = with_header_id(parse_body(body, ChatCompletionRequest), header_id)
+        request = parse_body(body, ChatCompletionRequest, header_id)
         job = TextJob(
             generate_request=await self._chat(request),
             chat_request=request,
@@ -106,7 +106,7 @@ class Render:
     @answers_ingress
     async def completion_text(self, body: bytes, header_id: str | None) -> RenderedText:
         """``/v1/completions``, one prompt: as ``chat_text``."""
-        request = with_header_id(parse_body(body, CompletionRequest), header_id)
+        request = parse_body(body, CompletionRequest, header_id)
         if prompt_count(request) > 1:  # refused before rendering spends anything on it
             raise Refusal(bad_request(ONE_PROMPT, param="prompt"))
         rendered = await self._completion(request)
@@ -123,14 +123,14 @@ class Render:
     async def render_chat(self, body: bytes, header_id: str | None) -> dict[str, Any]:
         """``/v1/chat/completions/render``: vLLM's render output, plus ``parse_context``
         for ``output_mode: derender``."""
-        request = with_header_id(parse_body(body, ChatCompletionRequest), header_id)
+        request = parse_body(body, ChatCompletionRequest, header_id)
         rendered = await self._chat(request)
         return {**rendered_json(rendered), "parse_context": ParseContext.of(request).model_dump()}
 
     @answers_ingress
     async def render_completion(self, body: bytes, header_id: str | None) -> list[Any]:
         """``/v1/completions/render``: one rendered request per prompt."""
-        request = with_header_id(parse_body(body, CompletionRequest), header_id)
+        request = parse_body(body, CompletionRequest, header_id)
         return [rendered_json(item) for item in await self._completion(request)]
 
     @answers_ingress
@@ -176,20 +176,6 @@ def rendered_json(rendered: GenerateRequest) -> dict[str, Any]:
     if rendered.sampling_params.max_tokens is not None:
         data["sampling_params"]["max_tokens"] = rendered.sampling_params.max_tokens
     return data
-
-
-RequestT = TypeVar("RequestT", ChatCompletionRequest, CompletionRequest)
-
-
-def with_header_id(request: RequestT, header_id: str | None) -> RequestT:
-    """vLLM takes the request id from ``X-Request-Id``, else the body, else a uuid.
-
-    Ray Serve's proxy always sets ``X-Request-Id`` (the client's, or one it
-    makes up), so a ``request_id`` the client put in the body wins here.
-    """
-    if header_id and "request_id" not in request.model_fields_set:
-        request.request_id = header_id
-    return request
 
 
 def prompt_count(request: CompletionRequest) -> int:

@@ -44,19 +44,21 @@ def validate(data: Any, model: type[ModelT] | TypeAdapter[Any]) -> Any:
         raise Refusal(reply_of(create_error_response(exc))) from None
 
 
-def parse_body(body: bytes, model: type[ModelT]) -> ModelT:
-    """A body as the client sent it, parsed and validated as ``model``."""
-    result: ModelT = validate(json_of(body), model)
+def parse_body(body: bytes, model: type[ModelT], header_id: str | None = None) -> ModelT:
+    """A body as the client sent it, parsed and validated as ``model``, named by its
+    ``X-Request-Id`` (``named_by_header``) if given."""
+    result: ModelT = validate(named_by_header(json_of(body), header_id), model)
     return result
 
 
 def named_by_header(body: Any, header_id: str | None) -> Any:
-    """A generate body named by ``X-Request-Id``, as vLLM's ``/inference/v1/generate``
-    names it (``_base_request_id``), unless the body names itself.
+    """A body named by ``X-Request-Id``, as vLLM names a request by it
+    (``_base_request_id``: generate, chat and completions), unless the body names
+    itself.
 
     vLLM takes the header over the body, but Ray Serve's proxy sets the header
     on every request (the client's, or one it makes up), so a ``request_id``
-    the client put in the body wins here, as it does for chat (``Render``).
+    the client put in the body wins here.
     """
     if header_id and isinstance(body, dict) and "request_id" not in body:
         return {**body, "request_id": header_id}
