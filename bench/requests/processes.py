@@ -19,10 +19,14 @@ from bench.observe import REPLICA_TITLE
 ENGINE = "engine"
 """vLLM's engine core and its model worker (``VLLM::*``): the model, and a
 spin-wait whose CPU grows with wall time rather than with requests."""
+DASHBOARD = "dashboard"
+"""Ray's dashboard: its head, the head's module processes and the node's agent."""
+LOG_MONITOR = "log monitor"
+HAPROXY_MANAGER = "HAProxy manager"
+"""Serve's HAProxyManager actor: it only rewrites HAProxy's config; the ``haproxy``
+process carries the traffic."""
 RAY_OWN = "Ray's own"
-"""GCS, raylet, dashboard and its agents, log monitor, idle workers, and Serve's
-HAProxyManager actor (it only rewrites HAProxy's config; the ``haproxy`` process
-carries the traffic)."""
+"""The rest of Ray: GCS, raylet, runtime-env agent, autoscaler monitor, idle workers."""
 KINDS = (
     "haproxy",
     "proxy",
@@ -34,11 +38,20 @@ KINDS = (
     "AbortFanout",
     ENGINE,
     "Serve controller",
+    HAPROXY_MANAGER,
+    DASHBOARD,
+    LOG_MONITOR,
     RAY_OWN,
     "serve run CLI",
     "other",
 )
-_RAY_PROCESSES = ("gcs_server", "raylet", "dashboard", "log_monitor", "ray::", "runtime_env")
+_RAY_PROCESSES = (
+    "gcs_server",
+    "raylet",
+    "ray::",
+    "runtime_env",
+    "autoscaler/_private/monitor.py",
+)
 
 
 def kind_of(cmdline: str, name: str) -> str:
@@ -57,6 +70,14 @@ def kind_of(cmdline: str, name: str) -> str:
         return "API server"
     if "bin/serve run" in cmdline or cmdline.startswith("serve run"):
         return "serve run CLI"
+    if "HAProxyManager" in cmdline and cmdline.startswith("ray::"):
+        return HAPROXY_MANAGER
+    if "log_monitor" in cmdline:
+        return LOG_MONITOR
+    if cmdline.startswith(("ray-dashboard-", "ray::DashboardAgent")) or any(
+        f"/dashboard/{script}" in cmdline for script in ("dashboard.py", "agent.py")
+    ):
+        return DASHBOARD
     if any(p in cmdline for p in _RAY_PROCESSES):
         return RAY_OWN
     return "other"

