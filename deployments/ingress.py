@@ -26,7 +26,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config.graph_config import GraphConfig
-from deployments.edge.bodies import read_json
+from deployments.edge.bodies import json_bytes, read_json, read_json_of_any_type
 from deployments.edge.errors import Refusal, bad_request, install_exception_handlers, not_found
 from deployments.edge.guard import GuardSettings, crossing_body_cap, install_guard
 from deployments.edge.json_body import allow_deep_values
@@ -54,7 +54,7 @@ async def _awaited(response: Any) -> Any:
 
 async def _unary(raw: Request, method: DeploymentHandle) -> Response:
     """The body, as the client sent it, → one tier call (which validates it) → JSON."""
-    return JSONResponse(await call(method.remote(await raw.body()), method))
+    return JSONResponse(await call(method.remote(await json_bytes(raw)), method))
 
 
 def _header_id(raw: Request) -> str | None:
@@ -151,7 +151,7 @@ class Ingress:
         return await self._abort(raw)
 
     async def _abort(self, raw: Request) -> Response:
-        body = await read_json(raw)
+        body = await read_json_of_any_type(raw)
         ids = body.get("request_ids") if isinstance(body, dict) else None
         if ids is None:
             raise Refusal(bad_request("Missing 'request_ids' in request body"))
@@ -169,12 +169,12 @@ class Ingress:
     @app.post("/v1/chat/completions/render")
     async def render_chat(self, raw: Request) -> Response:
         """vLLM's render output, plus ``parse_context`` for ``output_mode: derender``."""
-        render = self._render.render_chat.remote(await raw.body(), _header_id(raw))
+        render = self._render.render_chat.remote(await json_bytes(raw), _header_id(raw))
         return JSONResponse(await call(render, self._render))
 
     @app.post("/v1/completions/render")
     async def render_completion(self, raw: Request) -> Response:
-        render = self._render.render_completion.remote(await raw.body(), _header_id(raw))
+        render = self._render.render_completion.remote(await json_bytes(raw), _header_id(raw))
         return JSONResponse(await call(render, self._render))
 
     @app.post("/tokenize")
@@ -228,13 +228,13 @@ class Ingress:
     @app.post("/v1/chat/completions")
     async def chat_completions(self, raw: Request) -> Response:
         placement = self._placement(raw)
-        render = self._render.chat_text.remote(await raw.body(), _header_id(raw))
+        render = self._render.chat_text.remote(await json_bytes(raw), _header_id(raw))
         return await self._text(await call(render, self._render), placement)
 
     @app.post("/v1/completions")
     async def completions(self, raw: Request) -> Response:
         placement = self._placement(raw)
-        render = self._render.completion_text.remote(await raw.body(), _header_id(raw))
+        render = self._render.completion_text.remote(await json_bytes(raw), _header_id(raw))
         return await self._text(await call(render, self._render), placement)
 
     def _placement(self, raw: Request) -> str:

@@ -27,6 +27,7 @@ LONG_PACE_MS = 20
 # below LONG's 80 s, so a request that was not freed is still running when the
 # wait gives up; far above any stall of a loaded host. A guard, not a deadline.
 HANG_GUARD_S = 30.0
+JSON_BODY = {"Content-Type": "application/json"}
 # What the Ingress logs when it calls a tier again (deployments/edge/tier_calls.py).
 REPLICA_LOST_LINE = "Derender replica lost before the first item"
 
@@ -325,8 +326,8 @@ BAD_INPUTS: list[tuple[str, str, Any, int]] = [
 def test_bad_input_is_a_clear_4xx(
     client: httpx.Client, path: str, what: str, body: Any, status: int
 ) -> None:
-    if isinstance(body, str):
-        response = client.post(path, content=body.encode())
+    if isinstance(body, str):  # sent as JSON, so the JSON parser refuses it
+        response = client.post(path, content=body.encode(), headers=JSON_BODY)
     else:
         response = client.post(path, json=body)
     assert response.status_code == status, (what, response.text)
@@ -337,18 +338,20 @@ def test_bad_input_is_a_clear_4xx(
 
 def test_oversize_body_is_413_and_text_mode_on_tokens_only_is_400(client: httpx.Client) -> None:
     huge = b'{"token_ids": [' + b"1," * (17 * 2**20) + b'1], "sampling_params": {}}'
-    response = client.post("/inference/v1/generate", content=huge)
+    response = client.post("/inference/v1/generate", content=huge, headers=JSON_BODY)
     assert response.status_code == 413
 
     def chunked() -> Iterator[bytes]:  # no Content-Length: sent chunked
         for start in range(0, len(huge), 2**20):
             yield huge[start : start + 2**20]
 
-    response = client.post("/inference/v1/generate", content=chunked())
+    response = client.post("/inference/v1/generate", content=chunked(), headers=JSON_BODY)
     assert response.status_code == 413, response.text
     assert response.json()["error"]["code"] == 413
     small = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 2}).encode()
-    response = client.post("/v1/completions", content=iter([small[:5], small[5:]]))
+    response = client.post(
+        "/v1/completions", content=iter([small[:5], small[5:]]), headers=JSON_BODY
+    )
     assert response.status_code == 200, response.text
     for mode in ("text", "derender"):
         body = {"token_ids": [1, 2], "sampling_params": {}, "output_mode": mode}
@@ -365,7 +368,7 @@ def test_graph_still_serves_after_bad_inputs(client: httpx.Client) -> None:
         path, _, body, _ = case
         with httpx.Client(base_url=str(client.base_url), timeout=60) as c:
             if isinstance(body, str):
-                return c.post(path, content=body.encode()).status_code
+                return c.post(path, content=body.encode(), headers=JSON_BODY).status_code
             return c.post(path, json=body).status_code
 
     with ThreadPoolExecutor(8) as pool:

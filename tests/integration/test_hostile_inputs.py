@@ -101,3 +101,48 @@ def test_validation_errors_are_worded_as_vllms(
     got = client.post(path, json=body)
     assert want.status_code == 400, want.text
     assert got.status_code == 400 and got.json() == want.json(), (got.text, want.text)
+
+
+# A valid body for each route vLLM guards with ``validate_json_request``, and for
+# its abort route, which takes any media type.
+_GENERATE = {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 2}}
+MEDIA_TYPE_ROUTES: list[tuple[str, dict[str, Any]]] = [
+    ("/v1/chat/completions", _chat()),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2}),
+    ("/v1/chat/completions/render", _chat()),
+    ("/v1/completions/render", {"model": MODEL, "prompt": "hi"}),
+    ("/tokenize", {"model": MODEL, "prompt": "hi"}),
+    ("/detokenize", {"model": MODEL, "tokens": [1, 2]}),
+    ("/inference/v1/generate", _GENERATE),
+    ("/inference/v1/generate", {**_GENERATE, "output_mode": "derender"}),
+    ("/v1/chat/completions/derender", {"chat_request": _chat()}),
+    ("/v1/completions/derender", {"generate_responses": []}),
+    ("/inference/v1/abort_requests", {"request_ids": ["nobody"]}),
+]
+MEDIA_TYPES = [
+    None,
+    "text/plain",
+    "application/x-www-form-urlencoded",
+    "application/json; charset=utf-8",
+]
+
+
+@pytest.mark.parametrize("media_type", MEDIA_TYPES, ids=[str(m) for m in MEDIA_TYPES])
+def test_a_body_sent_as_another_media_type_is_answered_as_vllm_answers_it(
+    vllm_server: Server, client: httpx.Client, media_type: str | None
+) -> None:
+    """A JSON body labelled text/plain, a form, or nothing: vLLM's 400 "Unsupported
+    Media Type" (status and body) on each route it guards, its answer on abort."""
+    headers = {"Content-Type": media_type} if media_type else {}
+    got_any_refusal = False
+    with httpx.Client(base_url=vllm_server.base_url, timeout=120) as reference:
+        for path, body in MEDIA_TYPE_ROUTES:
+            content = json.dumps(body).encode()
+            want = reference.post(path, content=content, headers=headers)
+            got = client.post(path, content=content, headers=headers)
+            assert got.status_code == want.status_code, (path, got.text[:300], want.text[:300])
+            if want.status_code == 400 and "Media Type" in want.text:
+                got_any_refusal = True
+                assert got.json() == want.json(), path
+    # Only application/json (with parameters) passes vLLM's check.
+    assert got_any_refusal == (media_type is None or not media_type.startswith("application/json"))

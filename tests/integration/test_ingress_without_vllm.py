@@ -58,7 +58,7 @@ def every_kind_of_answer(client: httpx.Client) -> list[int]:
             },
         ),
         client.post("/v1/chat/completions/derender", json={"model": CHAT["model"]}),
-        client.post("/tokenize", content=b"[" * 2000),
+        client.post("/tokenize", content=b"[" * 2000, headers={"Content-Type": "application/json"}),
     ]
     return [response.status_code for response in sent]
 
