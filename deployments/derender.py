@@ -116,10 +116,10 @@ class Derender(ChannelSource):
             yield item
 
     async def _text_items(
-        self, job: TextJob, event: ChunkEvent, key: str
+        self, job: TextJob, event: ChunkEvent, key: str, role_chunk: bool = True
     ) -> AsyncGenerator[Any, None]:
         """The job's output, each stream chunk written by ``event`` (not coalesced:
-        the step channel batches it)."""
+        the step channel batches it); ``role_chunk`` as ``TextOutput.stream``."""
         stream = bool(job.generate_request.stream)
         stream_id = job.generate_request.request_id
         self._streams[stream_id] = self._streams.get(stream_id, 0) + 1
@@ -128,7 +128,7 @@ class Derender(ChannelSource):
             first = await anext(events)
             done = isinstance(first, (ErrorResponse, GenerateTokensResponse))
             result = first if done else _prepend(first, events)
-            async for item in self._text.respond(job, result, None, event):
+            async for item in self._text.respond(job, result, None, event, role_chunk):
                 yield item
         finally:
             await events.aclose()
@@ -178,7 +178,8 @@ class Derender(ChannelSource):
         model = request.model or self._config.model_name
         chat = (parse_context or ParseContext()).chat_request(model)
         job = TextJob(generate_request=request, chat_request=chat, model_name=model)
-        async with contextlib.aclosing(self._text_items(job, _derender_event, key)) as items:
+        texts = self._text_items(job, _derender_event, key, role_chunk=False)
+        async with contextlib.aclosing(texts) as items:
             async for item in items:
                 yield _derender_response(item) if isinstance(item, ChatCompletionResponse) else item
 

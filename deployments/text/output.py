@@ -94,18 +94,19 @@ class TextOutput:
         result: ErrorResponse | GenerateTokensResponse | AsyncIterator[str],
         coalesce_s: float | None,
         event: ChunkEvent = openai_event,
+        role_chunk: bool = True,
     ) -> AsyncGenerator[Any, None]:
         """One generate result → what the client gets: the error value, the unary
         response, or the SSE stream (coalesced per stream for the handle hop
         back, unless ``coalesce_s`` is None: a step channel batches it), each
-        OpenAI chunk written once, by ``event``."""
+        OpenAI chunk written once, by ``event`` (``role_chunk``: ``stream``)."""
         if isinstance(result, ErrorResponse):
             yield result
             return
         if isinstance(result, GenerateTokensResponse):
             yield await self.unary(job, result)
             return
-        events = self.stream(job, result, event)
+        events = self.stream(job, result, event, role_chunk)
         # Closed with this generator, so its coalescing task stops reading the source.
         async with contextlib.aclosing(coalesced(events, coalesce_s)) as items:
             async for item in items:
@@ -194,12 +195,22 @@ class TextOutput:
                 else None,
             ),
             kv_transfer_params=response.kv_transfer_params,
+            prompt_token_ids=prompt if request.return_token_ids else None,
         )
 
     async def stream(
-        self, job: TextJob, source: AsyncIterator[str], event: ChunkEvent = openai_event
+        self,
+        job: TextJob,
+        source: AsyncIterator[str],
+        event: ChunkEvent = openai_event,
+        role_chunk: bool = True,
     ) -> AsyncGenerator[str, None]:
         """Generate SSE events in → OpenAI chunks, written by ``event``, ending in ``[DONE]``.
+
+        A chat stream opens as vLLM's chat server opens one (``role_chunk``): a
+        role-only chunk per choice at the engine's first output, written as vLLM
+        writes it. ``output_mode: "derender"`` streams do not: vLLM's derender puts the
+        role on the first content.
 
         Error events from generate pass through unchanged; vLLM sends them as
         ``data: {"error": …}`` followed by ``[DONE]``.
@@ -216,10 +227,15 @@ class TextOutput:
                 self._derenderer, job.completion_request, prompt, job.model_name
             )
         response_id = job.generate_request.request_id
+        to_open = feeder if role_chunk and isinstance(feeder, ChatStreamDerenderer) else None
         async for payload in sse_stream_payloads(source):
             if "error" in payload:
                 yield sse_data(payload)
                 continue
+            if to_open is not None:
+                for head in to_open.opening(response_id):
+                    yield f"data: {head.model_dump_json(exclude_unset=True)}\n\n"
+                to_open = None
             chunk = GenerateTokensStreamResponse.model_validate(payload)
             out = await feeder.feed(chunk)
             out.id = response_id

@@ -21,6 +21,7 @@ the engine) and tier (in a Derender replica).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,10 +123,59 @@ class ChatStreamDerenderer:
         self._counter = counter or ReasoningCounter(derenderer)
         # As vLLM's chat server: usage counts reasoning tokens when a reasoning parser runs.
         self._counts_reasoning = self._counter.counts
+        self._role_opened = False
+
+    def opening(self, request_id: str) -> list[ChatCompletionStreamResponse]:
+        """The chunks vLLM's chat server opens a stream with, at the engine's first
+        output: per choice, only the role (and ``content: ""``), with the prompt's token
+        ids under ``return_token_ids`` and a zero usage under continuous usage. The
+        chunks that follow carry no role."""
+        request = self._request
+        role = "assistant" if request.add_generation_prompt else request.messages[-1]["role"]
+        prompt_tokens = len(self._prompt_token_ids)
+        options = request.stream_options
+        continuous = bool(options and options.include_usage and options.continuous_usage_stats)
+        chunks = []
+        for index in range(request.n or 1):
+            # Built with the fields vLLM names, so its ``exclude_unset`` dump is vLLM's.
+            chunk = ChatCompletionStreamResponse(
+                id=request_id,
+                object="chat.completion.chunk",
+                created=int(time.time()),
+                choices=[
+                    ChatCompletionResponseStreamChoice(
+                        index=index,
+                        delta=DeltaMessage(role=role, content=""),
+                        logprobs=None,
+                        finish_reason=None,
+                    )
+                ],
+                model=self._model_name,
+                prompt_token_ids=self._prompt_token_ids if request.return_token_ids else None,
+                prompt_text=None,
+            )
+            if continuous:
+                chunk.usage = UsageInfo(
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=0,
+                    total_tokens=prompt_tokens,
+                    completion_tokens_details=CompletionTokenUsageInfo(reasoning_tokens=0)
+                    if self._counts_reasoning
+                    else None,
+                )
+            chunks.append(chunk)
+            if self._parsed:
+                self._choice(index).role_sent = True
+        self._role_opened = True
+        return chunks
 
     async def feed(self, chunk: GenerateTokensStreamResponse) -> ChatCompletionStreamResponse:
         if not self._parsed:
-            return await self._feed_plain(chunk)
+            out = await self._feed_plain(chunk)
+            if self._role_opened:
+                for choice in out.choices:  # vLLM's derender puts it on the first content
+                    choice.delta.role = None
+            return out
         return self.feed_parsed(chunk)
 
     async def _feed_plain(

@@ -543,3 +543,59 @@ def test_x_request_id_names_a_generate_request_as_in_vllm(
     got = client.post("/inference/v1/generate", json=request, headers=headers)
     assert got.status_code == 200, got.text
     assert got.json()["request_id"] == want.json()["request_id"]
+
+
+OPENING_BODIES = {
+    "chat": chat("hi", max_tokens=4, stream=True),
+    "return_token_ids, continuous usage": chat(
+        "hi",
+        max_tokens=4,
+        stream=True,
+        return_token_ids=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
+    ),
+    "n=2": chat("hi", max_tokens=4, stream=True, n=2),
+}
+
+
+def opening_chunks(response: httpx.Response, n: int) -> list[dict[str, Any]]:
+    """A stream's first ``n`` chunks, less what differs between any two requests."""
+    assert response.status_code == 200, response.text
+    chunks = sse_payloads(response.text)[:n]
+    return [{k: v for k, v in c.items() if k not in ("id", "created")} for c in chunks]
+
+
+@pytest.mark.parametrize("name", list(OPENING_BODIES))
+def test_a_chat_stream_opens_with_vllms_role_chunks(
+    vllm_server: Server, client: httpx.Client, name: str
+) -> None:
+    """vLLM's chat server opens a stream with one chunk per choice holding only the
+    role (the prompt's token ids with ``return_token_ids``); the graph's stream, inline
+    and tier, opens with the same chunks, key for key."""
+    body = OPENING_BODIES[name]
+    n = body.get("n", 1)
+    with httpx.Client(base_url=vllm_server.base_url, timeout=120) as reference:
+        want = opening_chunks(reference.post("/v1/chat/completions", json=body), n)
+    assert [c["choices"][0]["delta"] for c in want] == [{"role": "assistant", "content": ""}] * n
+    assert sorted(c["choices"][0]["index"] for c in want) == list(range(n))
+    if body.get("return_token_ids"):
+        assert want[0]["prompt_token_ids"], want[0]
+    for placement in ("inline", "tier"):
+        headers = {"X-Text-Placement": placement}
+        got = opening_chunks(client.post("/v1/chat/completions", json=body, headers=headers), n)
+        assert got == want, placement
+
+
+def test_return_token_ids_gives_the_prompt_token_ids_as_vllm(
+    vllm_server: Server, client: httpx.Client
+) -> None:
+    body = chat("hi", max_tokens=4, return_token_ids=True)
+    with httpx.Client(base_url=vllm_server.base_url, timeout=120) as reference:
+        want = reference.post("/v1/chat/completions", json=body).json()
+    assert want["prompt_token_ids"], want
+    for placement in ("inline", "tier"):
+        headers = {"X-Text-Placement": placement}
+        got = client.post("/v1/chat/completions", json=body, headers=headers)
+        assert got.status_code == 200, got.text
+        assert got.json()["prompt_token_ids"] == want["prompt_token_ids"], placement
+        assert got.json()["choices"][0]["token_ids"] == want["choices"][0]["token_ids"], placement

@@ -191,3 +191,22 @@ def test_streamed_reasoning_tokens_do_not_depend_on_how_tokens_are_chunked(
     for sizes in _groupings(len(output)):
         usage = asyncio.run(final_usage(sizes)).usage
         assert usage.completion_tokens_details.reasoning_tokens == want, sizes
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_after_the_opening_chunks_no_chunk_carries_the_role(vllm_state: Any, n: int) -> None:
+    request = ChatCompletionRequest.model_validate(
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": n}
+    )
+    derenderer = vllm_state.online_derenderer
+    tokenizer = derenderer.renderer.get_tokenizer()
+    output = tokenizer.encode(CASES["chat"][0], add_special_tokens=False)
+    ours = ChatStreamDerenderer(derenderer, request, [1, 2, 3], MODEL)
+    opening = ours.opening("chatcmpl-1")
+    assert [(c.id, c.choices[0].index) for c in opening] == [("chatcmpl-1", i) for i in range(n)]
+    assert all(c.choices[0].delta.role == "assistant" for c in opening)
+    assert all(c.choices[0].delta.content == "" for c in opening)
+    assert opening[0].prompt_token_ids is None  # only with return_token_ids
+    later = [asyncio.run(ours.feed(chunk)) for chunk in chunks_of(output, 2)]
+    assert [c.choices[0].delta.role for c in later] == [None] * len(later)
+    assert assemble(later)["content"].strip() == "Hello! How can I help you today?"
