@@ -554,7 +554,7 @@ OPENING_BODIES = {
         return_token_ids=True,
         stream_options={"include_usage": True, "continuous_usage_stats": True},
     ),
-    "n=2": chat("hi", max_tokens=4, stream=True, n=2),
+    "n=2": chat("hi", max_tokens=4, stream=True, n=2, temperature=1.0, seed=0),
 }
 
 
