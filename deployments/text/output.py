@@ -234,7 +234,7 @@ class TextOutput:
                 continue
             if to_open is not None:
                 for head in to_open.opening(response_id):
-                    yield f"data: {head.model_dump_json(exclude_unset=True)}\n\n"
+                    yield sse_event(head, exclude_unset=True)
                 to_open = None
             chunk = GenerateTokensStreamResponse.model_validate(payload)
             out = await feeder.feed(chunk)

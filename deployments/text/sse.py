@@ -15,10 +15,12 @@ DONE = "[DONE]"
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
 
-def sse_event(model: BaseModel, *, exclude_none: bool = False) -> str:
+def sse_event(model: BaseModel, *, exclude_none: bool = False, exclude_unset: bool = False) -> str:
     """One ``data:`` event, dumped as vLLM's OpenAI stream generators dump chunks
-    (its final usage chunk with ``exclude_none``)."""
-    return f"data: {model.model_dump_json(exclude_none=exclude_none)}\n\n"
+    (its final usage chunk with ``exclude_none``, its chat role chunk with
+    ``exclude_unset``)."""
+    dumped = model.model_dump_json(exclude_none=exclude_none, exclude_unset=exclude_unset)
+    return f"data: {dumped}\n\n"
 
 
 def sse_data(payload: dict[str, Any] | str) -> str:
