@@ -32,6 +32,7 @@ import psutil
 from bench.harness.servers import (
     PRISTINE_ENV,
     REPO,
+    SERVE_RUN_STOP_GRACE_S,
     VENV_BIN,
     port_is_free,
     running,
@@ -126,6 +127,7 @@ def start_graph(checkout: Path, label: str, round_: int, work: Path) -> Start:
         unset=unset,
         cwd=checkout,
         on_start=lambda process: gcs.watch(process.pid),
+        stop_grace_s=SERVE_RUN_STOP_GRACE_S,
     ) as server:
         first_chat(server.base_url)
         ready = time.monotonic() - started

@@ -19,7 +19,14 @@ from typing import Any
 
 import yaml
 
-from bench.harness.servers import REPO, VENV_BIN, free_port, graph_env, running
+from bench.harness.servers import (
+    REPO,
+    SERVE_RUN_STOP_GRACE_S,
+    VENV_BIN,
+    free_port,
+    graph_env,
+    running,
+)
 from deployments.config.graph_config import nest_dotted
 from deployments.config.serve_env import SERVE_ENV
 from deployments.config.topologies import app_config, gpu_topology_app, serve_config
@@ -73,6 +80,7 @@ def running_topology(
         log_path=work_dir / f"{name}.serve.log",
         env=graph_env(switches=serve_switches),
         unset=() if serve_switches else tuple(SERVE_ENV),
+        stop_grace_s=SERVE_RUN_STOP_GRACE_S,
     ) as server:
         yield server.base_url
 
@@ -96,10 +104,10 @@ def topologies_config(names: list[str], port: int, overrides: Overrides) -> dict
 
 @contextlib.contextmanager
 def running_topologies(
-    names: list[str], work_dir: Path, overrides: Overrides
+    names: list[str], work_dir: Path, overrides: Overrides, *, serve_switches: bool = True
 ) -> Iterator[dict[str, str]]:
-    """``serve run`` the local topologies side by side (``topologies_config``), with
-    the graph's Serve switches; yields each one's base URL once all are healthy."""
+    """``serve run`` the local topologies side by side (``topologies_config``); yields
+    each one's base URL once all are healthy. ``serve_switches`` as ``running_topology``."""
     port = free_port()
     work_dir.mkdir(parents=True, exist_ok=True)
     path = work_dir / "topologies.yaml"
@@ -110,6 +118,8 @@ def running_topologies(
         port=port,
         log_path=work_dir / "topologies.serve.log",
         health_paths=[f"{prefix}/health" for prefix in prefixes.values()],
-        env=graph_env(),
+        env=graph_env(switches=serve_switches),
+        unset=() if serve_switches else tuple(SERVE_ENV),
+        stop_grace_s=SERVE_RUN_STOP_GRACE_S,
     ) as server:
         yield {name: server.base_url + prefix for name, prefix in prefixes.items()}

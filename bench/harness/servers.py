@@ -80,16 +80,16 @@ def wait_healthy(server: Server, health_paths: Sequence[str], timeout_s: float) 
         time.sleep(1)
 
 
-def stop(server: Server, grace_s: float = 20) -> None:
+def stop(server: Server, grace_s: float = 5) -> None:
     """Stop the process group we started (serve run's Ray cluster included), then
-    every process it started that outlived it.
+    every process it started that outlived it. ``grace_s`` 0: no Ctrl-C, killed at once.
 
     Ray starts its workers in their own process groups, and a vLLM engine
     (EngineCore and its workers) outlives a replica that is killed rather than
     shut down: without the sweep, each stopped graph leaks ~2 GB per engine.
     """
     tree = _descendants(server.process.pid)
-    if server.process.poll() is None:
+    if server.process.poll() is None and grace_s > 0:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.process.pid, signal.SIGINT)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -122,9 +122,10 @@ def running(
     timeout_s: float = 420,
     cwd: Path = REPO,
     on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
+    stop_grace_s: float = 5,
 ) -> Iterator[Server]:
     """Run ``argv`` in ``cwd``, in its own session; yield once every health path is 200
-    (``on_start`` sees the process first).
+    (``on_start`` sees the process first); then ``stop`` it with ``stop_grace_s``.
 
     Its environment: this process's before the tests imported anything, with ``env``
     over it and without the names in ``unset``."""
@@ -148,7 +149,7 @@ def running(
         wait_healthy(server, health_paths, timeout_s)
         yield server
     finally:
-        stop(server)
+        stop(server, stop_grace_s)
         log.close()
 
 
@@ -248,6 +249,12 @@ def haproxy_side_ports() -> dict[str, str]:
     }
 
 
+# `serve run`'s Ctrl-C drains the graph deployment by deployment (~18 s here, most of it
+# Serve's per-deployment grace periods): nothing a test or bench reads, so a graph is
+# killed at once and the sweep in ``stop`` ends every process it started.
+SERVE_RUN_STOP_GRACE_S = 0.0
+
+
 def graph_env(*, switches: bool = True) -> dict[str, str]:
     """What a graph started here runs with, over the pristine environment: no usage
     stats, the product's Serve switches (``switches=False``: none, as a user who
@@ -281,5 +288,6 @@ def running_graph(
         health_paths=health,
         env={**graph_env(), **(env or {})},
         timeout_s=timeout_s,
+        stop_grace_s=SERVE_RUN_STOP_GRACE_S,
     ) as server:
         yield server

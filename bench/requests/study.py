@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.harness.servers import (
+    SERVE_RUN_STOP_GRACE_S,
     VENV_BIN,
     Server,
     haproxy_side_ports,
@@ -146,6 +147,7 @@ def graph_server(work: Path, env: dict[str, str], unset: list[str]) -> Iterator[
         log_path=work / "serve.log",
         env={"RAY_USAGE_STATS_ENABLED": "0", **haproxy_side_ports(), **env},
         unset=unset,
+        stop_grace_s=SERVE_RUN_STOP_GRACE_S,
     ) as server:
         yield server
 

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from bench.harness.servers import (
+    SERVE_RUN_STOP_GRACE_S,
     TINY_MODEL,
     VENV_BIN,
     Server,
@@ -68,6 +69,7 @@ def other_model_server(
         log_path=tmp_path_factory.mktemp("other") / "serve.log",
         env=graph_env(switches=False),
         unset=tuple(SERVE_ENV),
+        stop_grace_s=SERVE_RUN_STOP_GRACE_S,
     ) as server:
         yield server
 

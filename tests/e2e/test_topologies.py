@@ -1,4 +1,5 @@
-"""Every topology in configs/ starts with `serve run` and serves one request its way.
+"""Every topology in configs/ starts as a user's plain ``serve run configs/<X>.yaml``
+and serves one request its way.
 
 Each config runs as written but on a free port, a smaller KV cache and no
 torch.compile (engines start 10-50 s sooner; the cluster suite runs the compiled
@@ -6,13 +7,15 @@ default), as the benchmark starts it (``bench.topology``): G tokens, T text,
 B/BP per-chunk stateless derender (with and without parsers), S/I chat.
 Topologies whose config files hold the same Serve config (T and I; B and S: they
 differ in how clients use the graph, not in the graph) share one application,
-and every check of theirs runs on it. G starts as a user's plain
-``serve run configs/G.yaml`` would, without the graph's Serve switches in Ray's
-environment: it serves, and its control plane says loudly what is missing. The
-others run side by side in one ``serve run`` with the switches, each file's
-application under its own route prefix (``/i``, ``/bp``, ``/s``) and with
-fewer logical CPUs, so three fit this host: one Ray cluster and one start for
-three graphs, each built from its file's args.
+and every check of theirs runs on it. All run side by side in one ``serve run``,
+each file's application under its own route prefix (``/g``, ``/t``, ``/b``, ``/bp``)
+and with fewer logical CPUs, so four fit this host: one Ray cluster and one start
+for four graphs, each built from its file's args. That Ray cluster starts as a
+user's does, without the graph's Serve switches (``serve run <config>`` cannot set
+them): every graph serves, and its control plane says loudly what is missing. The
+switches' own runs: the integration graph and ``test_serve_run_other_model.py``
+(``serve run graph:build_app`` sets them), and the cluster suite (the KubeRay
+manifests carry them).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import httpx
 import pytest
 
 from bench.harness.servers import TINY_MODEL
-from bench.topology import CONFIGS, Overrides, running_topologies, running_topology
+from bench.topology import CONFIGS, Overrides, running_topologies
 from deployments.config.serve_env import SERVE_ENV
 from deployments.config.topologies import serve_config
 
@@ -148,19 +151,22 @@ def test_topologies_that_share_a_graph_have_equal_configs() -> None:
 
 # deployments/config/serve_env.py: switches_warning
 MISSING_SWITCHES = "runs the graph without its Serve switches"
-WITHOUT_SWITCHES = "G"
 
 
-def missing_switch_warnings(log: Path) -> list[str]:
+def missing_switch_warnings(log: Path, app: str) -> list[str]:
+    """The warning lines of ``app``'s replicas (Ray prefixes each ``ServeReplica:<app>:``)."""
     text = log.read_text(errors="replace")
-    return [line for line in text.splitlines() if MISSING_SWITCHES in line]
+    return [
+        line
+        for line in text.splitlines()
+        if MISSING_SWITCHES in line and f"ServeReplica:{app}:" in line
+    ]
 
 
-SIDE_BY_SIDE = [group for group in GROUPS if group[0] != WITHOUT_SWITCHES]
-# Three graphs on this 2-core host: their logical CPUs cut so all fit (Ray places by
+# Four graphs on this 2-core host: their logical CPUs cut so all fit (Ray places by
 # these; what runs is unchanged).
 SHARED_CPUS = {
-    "generate.num_cpus": "0.3",
+    "generate.num_cpus": "0.2",
     "render.num_cpus": "0.1",
     "derender.num_cpus": "0.1",
     "ingress.num_cpus": "0.05",
@@ -172,33 +178,22 @@ SIDE_BY_SIDE_OVERRIDES = Overrides(
 
 @pytest.fixture(scope="module")
 def side_by_side(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], Path]]:
-    """Every topology but G, each its own application of one ``serve run``."""
+    """Every topology group, each its own application of one plain ``serve run``."""
     work = tmp_path_factory.mktemp("topologies")
-    names = [group[0] for group in SIDE_BY_SIDE]
-    with running_topologies(names, work, SIDE_BY_SIDE_OVERRIDES) as urls:
+    names = [group[0] for group in GROUPS]
+    with running_topologies(names, work, SIDE_BY_SIDE_OVERRIDES, serve_switches=False) as urls:
         yield urls, work / "topologies.serve.log"
 
 
-@pytest.mark.parametrize("topologies", SIDE_BY_SIDE, ids=["+".join(g) for g in SIDE_BY_SIDE])
-def test_topology_serves(topologies: list[str], side_by_side: tuple[dict[str, str], Path]) -> None:
+@pytest.mark.parametrize("topologies", GROUPS, ids=["+".join(g) for g in GROUPS])
+def test_topology_serves_without_the_serve_switches_and_says_what_it_lacks(
+    topologies: list[str], side_by_side: tuple[dict[str, str], Path]
+) -> None:
     urls, log = side_by_side
     with httpx.Client(base_url=urls[topologies[0]], timeout=120) as client:
         for topology in topologies:
             CHECKS[topology](client)
-    assert not missing_switch_warnings(log)
-
-
-def test_topology_without_the_serve_switches_serves_and_says_what_it_lacks(
-    tmp_path: Path,
-) -> None:
-    with (
-        running_topology(
-            WITHOUT_SWITCHES, tmp_path, EAGER_SMALL_CACHE, serve_switches=False
-        ) as url,
-        httpx.Client(base_url=url, timeout=120) as client,
-    ):
-        CHECKS[WITHOUT_SWITCHES](client)
-    warnings = missing_switch_warnings(tmp_path / f"{WITHOUT_SWITCHES}.serve.log")
-    # one warning, naming every switch Ray started without
+    # One warning from its control plane, naming every switch Ray started without.
+    warnings = missing_switch_warnings(log, topologies[0].lower())
     assert len(warnings) == 1, warnings
     assert all(f"{name}={value} (here: None)" in warnings[0] for name, value in SERVE_ENV.items())

@@ -24,18 +24,23 @@ from tests.integration.test_failure_semantics import (
 # Paced streams (bench/harness/paced_decode.py): at full speed the tiny engine
 # makes ~2,000 tokens/s per stream, so three of them finish before an abort can
 # reach them and flood Serve's one HTTP proxy on this 2-core host. Paced, each
-# stream lasts at least TOKENS × PACE_MS (8 s) on any host and costs next to nothing.
+# doomed stream lasts at least TOKENS × PACE_MS (8 s) on any host and costs next
+# to nothing; the kept one, which runs to its length, at least KEPT_TOKENS ×
+# KEPT_PACE_MS (5 s): running when the abort goes out, done soon after.
 TOKENS = 1000
 PACE_MS = 8
+KEPT_TOKENS = 200
+KEPT_PACE_MS = 25
 
 
 @pytest.mark.parametrize("kind", ["tokens", "text", "derender", "inline", "tier"])
 def test_abort_by_id_ends_streams_and_frees_engines(client: httpx.Client, kind: str) -> None:
     path, body, headers = long_body(kind, client, tokens=TOKENS, pace_ms=PACE_MS)
+    _, kept_body, _ = long_body(kind, client, tokens=KEPT_TOKENS, pace_ms=KEPT_PACE_MS)
     # Each rendered request gets its own id, as three separate clients' would.
     bodies = [
-        {**body, "request_id": f"{body['request_id']}-{i}"} if "request_id" in body else body
-        for i in range(3)
+        {**b, "request_id": f"{b['request_id']}-{i}"} if "request_id" in b else b
+        for i, b in enumerate([body, body, kept_body])
     ]
     streams = [Stream(str(client.base_url), path, b, headers) for b in bodies]
     start_together(streams)
@@ -59,6 +64,6 @@ def test_abort_by_id_ends_streams_and_frees_engines(client: httpx.Client, kind: 
         assert s.token_count() < TOKENS, s.token_count()  # -1: no usage event
     for s in kept:
         assert s.finish_reasons() == ["length"]
-        assert s.token_count() == TOKENS
+        assert s.token_count() == KEPT_TOKENS
     assert len(running_requests(client)) == 2  # both Generate replicas report
     wait_idle(client, within_s=HANG_GUARD_S)

@@ -47,39 +47,35 @@ def wait_all_back(client: httpx.Client, replicas: int) -> None:
             time.sleep(0.5)
 
 
-def test_a_replica_whose_engine_died_exits_and_is_replaced(
+def test_an_engine_death_takes_out_its_replica_and_with_none_live_requests_get_503(
     graph: Server, client: httpx.Client
 ) -> None:
+    """One engine dies: its replica exits and the other serves. Then the other's dies
+    too, before Serve has replaced the first (~40 s): requests get 503 at once. Serve
+    brings both back. (One run of the scenario: each replacement costs an engine start.)"""
+    # 1. One engine dies: its replica exits by its own hand, logging why.
     reply = client.post("/v1/chat/completions", json=CHAT, headers={"X-Text-Placement": "inline"})
     assert reply.status_code == 200, reply.text
-    replica = psutil.Process(int(reply.headers["X-Served-By-Pid"]))
-    replica_id = reply.headers["X-Served-By"]
-    engine_core(replica.pid).send_signal(signal.SIGKILL)
-
-    # Gone by its own hand: the replica logs why before it exits.
-    _, alive = psutil.wait_procs([replica], timeout=HANG_GUARD_S)
+    first = psutil.Process(int(reply.headers["X-Served-By-Pid"]))
+    first_id = reply.headers["X-Served-By"]
+    (survivor,) = [p for p in replica_processes("default", "Generate") if p.pid != first.pid]
+    engine_core(first.pid).send_signal(signal.SIGKILL)
+    _, alive = psutil.wait_procs([first], timeout=HANG_GUARD_S)
     assert not alive, "the replica outlived its engine"
     if graph.process is not None:  # a graph this session started: its log is here
         log = graph.log_path.read_text(errors="replace")
-        assert f"engine of replica {replica_id} died: exiting" in log
+        assert f"engine of replica {first_id} died: exiting" in log
 
-    # Serve replaces it; meanwhile the other replica serves (a request Serve had
-    # already sent to the dead one is a 503, which the client may retry).
+    # Meanwhile the other replica serves (a request Serve had already sent to the
+    # dead one is a 503, which the client may retry).
     deadline = time.monotonic() + HANG_GUARD_S
     while client.post("/v1/chat/completions", json=CHAT).status_code != 200:
         assert time.monotonic() < deadline, "the live replica did not serve"
         time.sleep(0.2)
-    wait_all_back(client, 2)
 
-
-def test_while_no_generate_replica_is_live_requests_get_503_not_a_wait(
-    graph: Server, client: httpx.Client
-) -> None:
-    replicas = replica_processes("default", "Generate")
-    assert len(replicas) == 2, replicas
-    for replica in replicas:
-        engine_core(replica.pid).send_signal(signal.SIGKILL)
-    _, alive = psutil.wait_procs(replicas, timeout=HANG_GUARD_S)
+    # 2. The survivor's engine dies too: no Generate replica is live.
+    engine_core(survivor.pid).send_signal(signal.SIGKILL)
+    _, alive = psutil.wait_procs([survivor], timeout=HANG_GUARD_S)
     assert not alive, "a replica outlived its engine"
 
     # Until Serve's controller has told the Ingress, a request may still reach a
@@ -108,4 +104,6 @@ def test_while_no_generate_replica_is_live_requests_get_503_not_a_wait(
         assert answer.json()["error"]["type"] == "ServiceUnavailableError"
     # Render still answers: only the tiers a request needs decide.
     assert client.post("/tokenize", json={"prompt": "hi"}).status_code == 200
+
+    # 3. Serve replaces both.
     wait_all_back(client, 2)

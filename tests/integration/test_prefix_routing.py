@@ -17,9 +17,15 @@ import httpx
 import psutil
 
 from bench.harness.servers import Server
+from bench.harness.sse_reader import Stream
 from tests.integration.conftest import MODEL
 from tests.integration.test_engine_death import wait_all_back
-from tests.integration.test_failure_semantics import HANG_GUARD_S
+from tests.integration.test_failure_semantics import (
+    HANG_GUARD_S,
+    LONG,
+    LONG_PACE_MS,
+    wait_idle,
+)
 
 WORDS = [
     "alpha",
@@ -75,15 +81,31 @@ def test_turns_of_a_conversation_stay_on_one_replica_and_conversations_spread(
     assert len(used) == 2, f"eight conversations at once all went to {used}"
 
 
-def test_a_conversation_whose_replica_dies_goes_on_at_the_survivor(
+def test_a_replica_killed_mid_stream_ends_its_stream_and_its_conversation_goes_on(
     graph: Server, client: httpx.Client
 ) -> None:
+    """A conversation's replica is killed while it streams the conversation's next
+    turn: that stream ends with an error event and [DONE], the engine dies with its
+    replica, the conversation's next turn is served by the survivor at once, and
+    Serve brings the replica back. (One kill for both: each costs an engine start.)"""
     conversation = Conversation(2000)
     for _ in range(2):
         assert conversation.turn(client).status_code == 200
     holder = conversation.served_by[-1]
     assert conversation.served_by == [holder, holder]
+    # A long, paced turn of the same conversation: routed to the holder by its prefix.
+    question = {"role": "user", "content": "think: what is 2 plus 3?"}
+    body = {
+        "model": MODEL, "messages": [*conversation.messages, question], "max_tokens": LONG,
+        "ignore_eos": True, "stream": True, "vllm_xargs": {"pace_ms": LONG_PACE_MS},
+    }  # fmt: skip
+    stream = Stream(str(client.base_url), "/v1/chat/completions", body, INLINE)
+    stream.start()
+    assert stream.wait_first(60) and stream.error is None, stream.error
+    assert stream.headers["x-served-by"] == holder, "the long turn left its conversation"
     replica = psutil.Process(conversation.pids[-1])
+    engine_processes = replica.children(recursive=True)
+    assert engine_processes, "the engine runs in child processes of its replica"
     replica.send_signal(signal.SIGKILL)
     psutil.wait_procs([replica], timeout=HANG_GUARD_S)
 
@@ -94,4 +116,15 @@ def test_a_conversation_whose_replica_dies_goes_on_at_the_survivor(
     assert reply.status_code == 200, reply.text
     assert conversation.served_by[-1] != holder
     assert time.monotonic() - started < HANG_GUARD_S
+
+    # The cut stream: an explicit error, then [DONE].
+    stream.join(60)
+    assert stream.error is None, stream.error
+    assert stream.events[-1] == "[DONE]"
+    errors = [e for e in stream.events if isinstance(e, dict) and "error" in e]
+    assert errors and errors[0]["error"]["code"] == 503, stream.events[-3:]
+    # Nothing of that engine is left running (its request went with it).
+    _, alive = psutil.wait_procs(engine_processes, timeout=30)
+    assert not alive, alive
     wait_all_back(client, 2)
+    wait_idle(client, within_s=HANG_GUARD_S)  # no request outlived the kill

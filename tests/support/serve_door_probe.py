@@ -76,14 +76,13 @@ def _view(view: door.RouterView | None) -> Any:
 
 
 async def probe() -> dict[str, Any]:
+    # No serve.shutdown at the end: it drains deployment by deployment (~7 s), and
+    # ray.shutdown in main ends this private Ray instance, Serve's actors with it.
     serve.start(proxy_location="Disabled")
-    try:
-        app = Probe.bind(Target.bind(), ZeroTarget.bind())
-        handle = serve.run(app, name="door", route_prefix=None)
-        # Under the graph's switches a handle routes on its caller's event loop.
-        seen: dict[str, Any] = await handle.check.remote()
-    finally:
-        await serve.shutdown_async()
+    app = Probe.bind(Target.bind(), ZeroTarget.bind())
+    handle = serve.run(app, name="door", route_prefix=None)
+    # Under the graph's switches a handle routes on its caller's event loop.
+    seen: dict[str, Any] = await handle.check.remote()
     seen["proxy_request_id"] = door.proxy_request_id()
     return seen
 
