@@ -39,6 +39,10 @@ class AutoscalingOptions(_Strict):
     downscale_delay_s: float = Field(
         10.0, ge=0, description="Sustained idleness before scaling in."
     )
+    # Serve warns, and will refuse, a window not longer than its metrics interval (10 s).
+    look_back_period_s: float = Field(
+        30.0, gt=10, description="Window over which Serve averages ongoing requests (its default)."
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalingOptions:
@@ -55,6 +59,7 @@ class AutoscalingOptions(_Strict):
             "target_ongoing_requests": self.target_ongoing_requests,
             "upscale_delay_s": self.upscale_delay_s,
             "downscale_delay_s": self.downscale_delay_s,
+            "look_back_period_s": self.look_back_period_s,
         }
 
 

@@ -65,6 +65,11 @@ def test_deployment_options_emit_only_what_was_set() -> None:
     assert fixed.derender.to_serve() == {"num_replicas": 2, "autoscaling_config": None}
     scaled = GraphConfig.from_args({"render.autoscaling.max_replicas": "3"})
     assert scaled.render.to_serve()["autoscaling_config"]["max_replicas"] == 3
+    assert scaled.render.to_serve()["autoscaling_config"]["look_back_period_s"] == 30.0
+    window = GraphConfig.from_args({"derender.autoscaling.look_back_period_s": "15"})
+    assert window.derender.to_serve()["autoscaling_config"]["look_back_period_s"] == 15.0
+    with pytest.raises(ValidationError, match="look_back_period_s"):
+        GraphConfig.from_args({"derender.autoscaling.look_back_period_s": "10"})
 
 
 def test_nest_dotted_refuses_a_key_under_a_value() -> None:
