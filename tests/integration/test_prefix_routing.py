@@ -22,8 +22,7 @@ from tests.integration.conftest import MODEL
 from tests.integration.test_engine_death import wait_all_back
 from tests.integration.test_failure_semantics import (
     HANG_GUARD_S,
-    LONG,
-    LONG_PACE_MS,
+    long_body,
     wait_idle,
 )
 
@@ -94,12 +93,9 @@ def test_a_replica_killed_mid_stream_ends_its_stream_and_its_conversation_goes_o
     holder = conversation.served_by[-1]
     assert conversation.served_by == [holder, holder]
     # A long, paced turn of the same conversation: routed to the holder by its prefix.
-    question = {"role": "user", "content": "think: what is 2 plus 3?"}
-    body = {
-        "model": MODEL, "messages": [*conversation.messages, question], "max_tokens": LONG,
-        "ignore_eos": True, "stream": True, "vllm_xargs": {"pace_ms": LONG_PACE_MS},
-    }  # fmt: skip
-    stream = Stream(str(client.base_url), "/v1/chat/completions", body, INLINE)
+    path, body, headers = long_body("inline", client)
+    body["messages"] = [*conversation.messages, *body["messages"]]
+    stream = Stream(str(client.base_url), path, body, headers)
     stream.start()
     assert stream.wait_first(60) and stream.error is None, stream.error
     assert stream.headers["x-served-by"] == holder, "the long turn left its conversation"
