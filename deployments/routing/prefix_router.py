@@ -78,6 +78,7 @@ class PrefixRouter(PinnedRouter):
         self._min_match_ratio = min_match_ratio
         self._sent_ttl_s = sent_ttl_s
         self._held: dict[ReplicaID, _Held] = {}
+        self._last_keying: BlockKeying | None = None
         self._sent: dict[ReplicaID, OrderedDict[int, float]] = {}
         self._pending_keys: OrderedDict[str, list[int]] = OrderedDict()
 
@@ -143,7 +144,8 @@ class PrefixRouter(PinnedRouter):
             held = self._held.get(r.replica_id)
             if held is None or held.version != stats.get("version"):
                 try:
-                    self._held[r.replica_id] = _Held(stats)
+                    self._held[r.replica_id] = held = _Held(stats)
+                    self._last_keying = held.keying
                 except (KeyError, TypeError, ValueError):
                     # A report this router cannot read (another version of the graph
                     # mid-upgrade): that replica counts as holding nothing.
@@ -155,11 +157,10 @@ class PrefixRouter(PinnedRouter):
         self._sent.pop(replica_id, None)
 
     def _keying(self, candidates: list[RunningReplica]) -> BlockKeying | None:
-        """The candidates' common keying; None until one reported, or if they differ."""
-        keyings = {
+        reported = {
             self._held[r.replica_id].keying for r in candidates if r.replica_id in self._held
         }
-        return keyings.pop() if len(keyings) == 1 else None
+        return common_keying(reported, self._last_keying)
 
     def _leading_held(self, replica_id: ReplicaID, keys: list[int], now: float) -> int:
         held = self._held.get(replica_id)
@@ -180,6 +181,18 @@ class PrefixRouter(PinnedRouter):
         """Requests on the replica as the router last heard (0 if not heard yet)."""
         known = self.replica_queue_len_cache.get(replica.replica_id)
         return 0 if known is None else known
+
+
+def common_keying(reported: set[BlockKeying], last: BlockKeying | None) -> BlockKeying | None:
+    """The keying to name a request's blocks by: the one the candidates reported;
+    None if they differ (an upgrade mid-way). While none of them has reported yet
+    (every replica just replaced), the last keying any replica reported: it is the
+    graph's, so the router keeps remembering what it sends a new replica, and a
+    conversation's next turn follows its first there before the first engine
+    report reaches this router. None if no replica has ever reported."""
+    if not reported:
+        return last
+    return next(iter(reported)) if len(reported) == 1 else None
 
 
 def prefix_choice(

@@ -26,7 +26,7 @@ def test_harness_runs_one_cell_per_client_type(graph: Server, tmp_path: Path) ->
     argv = [
         sys.executable, "-m", "bench", "run", "--url", graph.base_url,
         "--topologies", ",".join(TOPOLOGIES), "--shapes", "chat", "--rps", "2",
-        "--duration", "3", "--length-scale", "0.1", "--out", str(out),
+        "--duration", "1.5", "--length-scale", "0.1", "--out", str(out),
     ]  # fmt: skip
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

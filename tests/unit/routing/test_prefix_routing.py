@@ -22,7 +22,7 @@ from deployments.routing.block_keys import (
     event_key,
 )
 from deployments.routing.engine_blocks import EngineBlocks
-from deployments.routing.prefix_router import _Held, prefix_choice
+from deployments.routing.prefix_router import _Held, common_keying, prefix_choice
 
 KEYING = BlockKeying(block_size=4, hash_algo="sha256", seed="vllm-none-hash")
 
@@ -119,6 +119,16 @@ def test_a_much_busier_best_replica_routes_by_load() -> None:
     # Within the imbalance the match wins; beyond it, load does.
     assert prefix_choice(10, {"a": 9, "b": 0}, {"a": 11, "b": 3}, 8, 0.1) == ["a"]
     assert prefix_choice(10, {"a": 9, "b": 0}, {"a": 12, "b": 3}, 8, 0.1) == []
+
+
+def test_keys_are_named_by_the_last_reported_keying_until_new_replicas_report() -> None:
+    other = BlockKeying(block_size=16, hash_algo="sha256", seed="0")
+    assert common_keying({KEYING}, other) == KEYING
+    # Every replica just replaced, none reported yet: the graph's keying still holds.
+    assert common_keying(set(), KEYING) == KEYING
+    assert common_keying(set(), None) is None
+    # Replicas that disagree (an upgrade mid-way): no keying, route by load.
+    assert common_keying({KEYING, other}, KEYING) is None
 
 
 @pytest.mark.parametrize(
