@@ -17,6 +17,7 @@ in ``deployments/declarations/ingress.py``.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -27,12 +28,23 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.config.graph_config import GraphConfig
 from deployments.edge.bodies import json_bytes, read_json, read_json_of_any_type
-from deployments.edge.errors import Refusal, bad_request, install_exception_handlers, not_found
+from deployments.edge.errors import (
+    Refusal,
+    anthropic_shaped,
+    bad_request,
+    install_exception_handlers,
+    not_found,
+)
 from deployments.edge.guard import GuardSettings, crossing_body_cap, install_guard
 from deployments.edge.json_body import allow_deep_values
 from deployments.edge.shared_call import SharedCall
-from deployments.edge.tier_calls import call, respond
-from deployments.messages.replies import RenderedText
+from deployments.edge.tier_calls import (
+    anthropic_stream_error,
+    call,
+    openai_stream_error,
+    respond,
+)
+from deployments.messages.replies import RenderedText, Reply
 from deployments.transport.step_channel import ChannelStream, StepChannels
 from deployments.vllm_adapter.engine_metrics import exposition
 
@@ -177,6 +189,33 @@ class Ingress:
         render = self._render.render_completion.remote(await json_bytes(raw), _header_id(raw))
         return JSONResponse(await call(render, self._render))
 
+    @app.post("/v1/messages/render")
+    async def render_messages(self, raw: Request) -> Response:
+        """vLLM's render output for an Anthropic Messages body (errors in vLLM's
+        OpenAI shape, as its render server answers them)."""
+        render = self._render.render_messages.remote(await json_bytes(raw), _header_id(raw))
+        return JSONResponse(await call(render, self._render))
+
+    @app.post("/v1/responses/render")
+    async def render_responses(self, raw: Request) -> Response:
+        return await _unary(raw, self._render.render_responses)
+
+    @app.post("/v1/messages")
+    async def messages(self, raw: Request) -> Response:
+        """Anthropic Messages, served as the chat vLLM converts it to, in either
+        placement; errors in Anthropic's shape, as vLLM's ``/v1/messages``."""
+        return await anthropic_shaped(self._messages(raw))
+
+    async def _messages(self, raw: Request) -> Response:
+        placement = self._placement(raw)
+        render = self._render.messages_text.remote(await json_bytes(raw), _header_id(raw))
+        rendered = await call(render, self._render)
+        return await self._text(rendered, placement, anthropic_stream_error)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_message_tokens(self, raw: Request) -> Response:
+        return await anthropic_shaped(_unary(raw, self._render.count_message_tokens))
+
     @app.post("/tokenize")
     async def tokenize(self, raw: Request) -> Response:
         """vLLM's ``/tokenize`` (``prompt`` or ``messages``), on the Render tier."""
@@ -255,17 +294,26 @@ class Ingress:
             )
         return placement
 
-    async def _text(self, rendered: RenderedText, placement: str) -> Response:
+    async def _text(
+        self,
+        rendered: RenderedText,
+        placement: str,
+        stream_error: Callable[[Reply], list[str]] = openai_stream_error,
+    ) -> Response:
         headers = {PLACEMENT_HEADER: placement}
         if placement == "inline":
             return await respond(
-                lambda: self._generate.text.remote(rendered), self._generate, headers
+                lambda: self._generate.text.remote(rendered),
+                self._generate,
+                headers,
+                stream_error=stream_error,
             )
         return await respond(
             lambda: self._derender_channels.call("text_on_channel", rendered),
             self._derender,
             headers,
             on_failure=self._end_later,
+            stream_error=stream_error,
         )
 
     def _end_later(self, tier_call: ChannelStream) -> None:

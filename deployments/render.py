@@ -15,8 +15,13 @@ from typing import Any
 
 from pydantic import TypeAdapter
 from starlette.datastructures import State
+from vllm.entrypoints.anthropic.protocol import (
+    AnthropicCountTokensRequest,
+    AnthropicMessagesRequest,
+)
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateRequest
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse, ModelList
 from vllm.entrypoints.serve.tokenize.protocol import (
@@ -35,6 +40,7 @@ from deployments.edge.replies import answers_ingress, reply_of
 from deployments.edge.validation import parse_body, validate
 from deployments.messages.replies import RenderedText
 from deployments.messages.tier import ParseContext, TextJob
+from deployments.vllm_adapter.anthropic import MessagesConversion, count_tokens_response
 from deployments.vllm_adapter.engine_args import serve_namespace
 from deployments.vllm_adapter.internals import APP_STATE_NAMES, checked_app_state
 
@@ -78,6 +84,7 @@ class Render:
     async def __init__(self, config: GraphConfig) -> None:  # type: ignore[misc]
         self._config = config
         self._state = await build_render_state(config)
+        self._messages = MessagesConversion(self._state.serving_render.online_renderer)
 
     async def _chat(self, request: ChatCompletionRequest) -> GenerateRequest:
         rendered = await self._state.serving_render.render_chat_request(request)
@@ -118,6 +125,57 @@ class Render:
             model_name=request.model or self._config.model_name,
         )
         return job.rendered()
+
+    async def _messages_chat(
+        self,
+        body: bytes,
+        header_id: str | None,
+        kind: type[AnthropicMessagesRequest] | type[AnthropicCountTokensRequest],
+        *,
+        served: bool,
+    ) -> ChatCompletionRequest:
+        """A Messages body as the chat request vLLM serves for it, named by its
+        ``X-Request-Id`` as vLLM names the chat it runs."""
+        chat = await self._messages.to_chat(parse_body(body, kind), served=served)
+        if header_id:
+            chat.request_id = header_id
+        return chat
+
+    @answers_ingress
+    async def messages_text(self, body: bytes, header_id: str | None) -> RenderedText:
+        """``/v1/messages``: served as the chat vLLM converts it to; the tier that
+        makes its text converts the output back (``TextJob.api``)."""
+        request = await self._messages_chat(body, header_id, AnthropicMessagesRequest, served=True)
+        job = TextJob(
+            generate_request=await self._chat(request),
+            chat_request=request,
+            model_name=request.model or self._config.model_name,
+            api="anthropic",
+        )
+        return job.rendered()
+
+    @answers_ingress
+    async def count_message_tokens(self, body: bytes) -> dict[str, Any]:
+        """``/v1/messages/count_tokens``: the prompt's tokens as ``/v1/messages`` renders it."""
+        request = await self._messages_chat(body, None, AnthropicCountTokensRequest, served=True)
+        rendered = await self._chat(request)
+        return count_tokens_response(len(rendered.token_ids)).model_dump(exclude_none=True)
+
+    @answers_ingress
+    async def render_messages(self, body: bytes, header_id: str | None) -> dict[str, Any]:
+        """``/v1/messages/render``: vLLM's render output for a Messages body."""
+        request = await self._messages_chat(body, header_id, AnthropicMessagesRequest, served=False)
+        return rendered_json(await self._chat(request))
+
+    @answers_ingress
+    async def render_responses(self, body: bytes) -> dict[str, Any]:
+        """``/v1/responses/render``: vLLM's render output for a Responses body (stateless:
+        ``previous_response_id`` is refused, as vLLM's render server refuses it)."""
+        request = parse_body(body, ResponsesRequest)
+        rendered = await self._state.serving_render.render_responses_request(request)
+        if isinstance(rendered, ErrorResponse):
+            raise Refusal(reply_of(rendered))
+        return rendered_json(rendered)
 
     @answers_ingress
     async def render_chat(self, body: bytes, header_id: str | None) -> dict[str, Any]:

@@ -10,8 +10,11 @@ Ingress does not.
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Awaitable
 from http import HTTPStatus
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -61,6 +64,36 @@ def to_http(reply: Reply, headers: dict[str, str] | None = None) -> JSONResponse
     if reply.status == HTTPStatus.SERVICE_UNAVAILABLE:
         headers = {"Retry-After": "1", **(headers or {})}
     return JSONResponse(reply.body, status_code=reply.status, headers=headers)
+
+
+def anthropic_error(body: dict[str, Any]) -> dict[str, Any]:
+    """An error body in vLLM's OpenAI shape as vLLM's Messages routes translate it
+    (``translate_error_response``): ``{"type": "error", "error": {type, message}}``."""
+    error = body["error"]
+    return {"type": "error", "error": {"type": error["type"], "message": error["message"]}}
+
+
+# vLLM's request-validation handler types its 400s by the status phrase. It answers
+# before a route runs, so vLLM's Messages routes never translate those.
+VALIDATION_ERROR_TYPE = HTTPStatus.BAD_REQUEST.phrase
+
+
+async def anthropic_shaped(answer: Awaitable[Response]) -> Response:
+    """A Messages route's answer, its errors as vLLM's Messages routes answer them:
+    in Anthropic's shape, but for a body that failed validation (or was not sent as
+    JSON), which vLLM refuses in its OpenAI shape before the route runs."""
+    try:
+        response = await answer
+    except Refusal as refused:
+        response = to_http(refused.reply)
+    if response.status_code < HTTPStatus.BAD_REQUEST or not isinstance(response, JSONResponse):
+        return response
+    body = json.loads(bytes(response.body))
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict) or error.get("type") == VALIDATION_ERROR_TYPE:
+        return response
+    headers = {k: v for k, v in response.headers.items() if k.lower() == "retry-after"}
+    return JSONResponse(anthropic_error(body), status_code=response.status_code, headers=headers)
 
 
 def install_exception_handlers(app: FastAPI) -> None:

@@ -11,6 +11,7 @@ told as a ``Refusal`` (``errors``), which the Ingress's handler answers.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import pickle
 from collections.abc import AsyncIterator, Callable
@@ -23,7 +24,14 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
-from deployments.edge.errors import Refusal, bad_request, no_live_replica, to_http, unavailable
+from deployments.edge.errors import (
+    Refusal,
+    anthropic_error,
+    bad_request,
+    no_live_replica,
+    to_http,
+    unavailable,
+)
 from deployments.messages.replies import Reply, ServedBy, error_reply
 from deployments.text.sse import DONE, sse_data
 from deployments.transport.replica_assignment import wait_routed
@@ -42,6 +50,7 @@ async def respond(
     via: DeploymentHandle[Any],
     headers: dict[str, str] | None = None,
     on_failure: Callable[[Any], None] | None = None,
+    stream_error: Callable[[Reply], list[str]] | None = None,
 ) -> Response:
     """One streamed handle call, made through ``via`` by ``start()``, → HTTP.
 
@@ -59,6 +68,9 @@ async def respond(
     ``on_failure(call)`` runs when a tier fails under a call (not for overload
     or bad input): a replica that died mid-stream cannot cancel the calls it
     made, so the caller cleans up what they may have left running.
+
+    ``stream_error(error)``: the events that end a stream cut after its start;
+    by default vLLM's OpenAI error event and ``[DONE]`` (``openai_stream_error``).
     """
     retries = RETRIES_ON_REPLICA_LOSS
     while True:
@@ -100,13 +112,24 @@ async def respond(
             if on_failure is not None:
                 on_failure(items)
             error = unavailable(f"stream failed: {type(exc).__name__}")
-            yield sse_data(error.body)
-            yield sse_data(DONE)
+            for event in (stream_error or openai_stream_error)(error):
+                yield event
         finally:
             # A client that went away cancels the whole call chain.
             _cancel(items)
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+
+def openai_stream_error(error: Reply) -> list[str]:
+    """How vLLM's OpenAI routes end a stream that failed: the error, then ``[DONE]``."""
+    return [sse_data(error.body), sse_data(DONE)]
+
+
+def anthropic_stream_error(error: Reply) -> list[str]:
+    """How vLLM's Messages route ends one: Anthropic's ``error`` event."""
+    data = json.dumps(anthropic_error(error.body), separators=(",", ":"))
+    return [f"event: error\ndata: {data}\n\n"]
 
 
 async def _first_item(items: Any) -> tuple[Any, ServedBy | None]:

@@ -35,6 +35,9 @@ class TextJob(BaseModel):
     """The original completion request. Set for completions."""
     model_name: str
     """The model name echoed in responses (the request's `model`)."""
+    api: Literal["openai", "anthropic"] = "openai"
+    """The API the client speaks: ``anthropic`` (``/v1/messages``) is served as chat,
+    and its output converted as vLLM's Messages server converts it."""
 
     def rendered(self) -> RenderedText:
         """This job as it crosses the Ingress: pickled once, with what routing reads."""

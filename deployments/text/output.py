@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from http import HTTPStatus
 from typing import Any
 
 from vllm.entrypoints.openai.chat_completion.protocol import (
@@ -37,6 +38,7 @@ from vllm.entrypoints.serve.engine.protocol import (
 )
 from vllm.renderers.online_derenderer import OnlineDerenderer
 
+from deployments.messages.replies import Reply
 from deployments.messages.tier import TextJob
 from deployments.text.chat_choice import GeneratedChoice, chat_choice
 from deployments.text.reasoning_count import ReasoningCounter
@@ -44,6 +46,7 @@ from deployments.text.sse import DONE, sse_data, sse_event, sse_stream_payloads
 from deployments.text.stop_strings import cut_at_stop, ended_on_stop_string, ended_on_stop_token
 from deployments.text.stream_derenderer import ChatStreamDerenderer, CompletionStreamDerenderer
 from deployments.transport.coalesce import coalesced
+from deployments.vllm_adapter.anthropic import anthropic_events, anthropic_message
 from deployments.vllm_adapter.internals import (
     decode_params,
     detokenize_delta,
@@ -104,9 +107,19 @@ class TextOutput:
             yield result
             return
         if isinstance(result, GenerateTokensResponse):
-            yield await self.unary(job, result)
+            answer = await self.unary(job, result)
+            if job.api == "anthropic" and isinstance(answer, ChatCompletionResponse):
+                # As vLLM's /v1/messages writes it: without null fields.
+                message = anthropic_message(answer).model_dump(exclude_none=True)
+                yield Reply(HTTPStatus.OK.value, message)
+                return
+            yield answer
             return
-        events = self.stream(job, result, event, role_chunk)
+        if job.api == "anthropic":
+            # vLLM's converter reads the chat events as vLLM's chat server writes them.
+            events = anthropic_events(self.stream(job, result, openai_event, role_chunk=True))
+        else:
+            events = self.stream(job, result, event, role_chunk)
         # Closed with this generator, so its coalescing task stops reading the source.
         async with contextlib.aclosing(coalesced(events, coalesce_s)) as items:
             async for item in items:
