@@ -107,6 +107,7 @@ def test_validation_errors_are_worded_as_vllms(
 # its abort route, which takes any media type. (``output_mode: "derender"`` is the
 # graph's own; the Ingress checks the media type before it reads the mode.)
 _GENERATE = {"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 2}}
+_MESSAGES = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
 MEDIA_TYPE_ROUTES: list[tuple[str, dict[str, Any]]] = [
     ("/v1/chat/completions", _chat()),
     ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2}),
@@ -118,6 +119,10 @@ MEDIA_TYPE_ROUTES: list[tuple[str, dict[str, Any]]] = [
     ("/v1/chat/completions/derender", {"chat_request": _chat()}),
     ("/v1/completions/derender", {"generate_responses": []}),
     ("/inference/v1/abort_requests", {"request_ids": ["nobody"]}),
+    ("/v1/messages", {**_MESSAGES, "max_tokens": 2}),
+    ("/v1/messages/count_tokens", _MESSAGES),
+    ("/v1/messages/render", {**_MESSAGES, "max_tokens": 2}),
+    ("/v1/responses/render", {"model": MODEL, "input": "hi"}),
 ]
 MEDIA_TYPES = [
     None,

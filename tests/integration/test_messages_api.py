@@ -301,17 +301,6 @@ def test_the_anthropic_sdk_streams_thinking(graph: Server, placement: str) -> No
     assert again.content and again.usage.input_tokens > final.usage.input_tokens
 
 
-def test_a_messages_body_not_sent_as_json_gets_vllms_400(
-    vllm_server: Server, client: httpx.Client
-) -> None:
-    body = json.dumps(SHAPES["hi"])
-    headers = {"Content-Type": "text/plain"}
-    want = httpx.post(f"{vllm_server.base_url}/v1/messages", content=body, headers=headers)
-    got = client.post("/v1/messages", content=body, headers=headers)
-    assert (got.status_code, got.json()) == (want.status_code, want.json())
-    assert want.status_code == 400, want.text
-
-
 def test_the_graphs_own_refusals_on_messages_are_in_anthropics_shape(
     client: httpx.Client,
 ) -> None:
