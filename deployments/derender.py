@@ -58,6 +58,7 @@ from deployments.messages.tier import (
     GenerateDerenderStreamResponse,
     ParseContext,
     TextJob,
+    prompt_key,
 )
 from deployments.render import build_render_state
 from deployments.text.output import ChunkEvent, TextOutput, openai_event, tokens_request
@@ -123,15 +124,37 @@ class Derender(ChannelSource):
         stream = bool(job.generate_request.stream)
         stream_id = job.generate_request.request_id
         self._streams[stream_id] = self._streams.get(stream_id, 0) + 1
-        events = self._generate_events(tokens_request(job, stream=stream), key)
+        if job.batch is None:
+            sources = [self._generate_events(tokens_request(job, stream=stream), key)]
+        else:  # one Generate call per prompt, each routed on its own, as vLLM's batch
+            sources = [
+                self._generate_events(
+                    tokens_request(job, stream=stream, prompt=prompt), prompt_key(key, i)
+                )
+                for i, prompt in enumerate(job.batch)
+            ]
         try:
-            first = await anext(events)
-            done = isinstance(first, (ErrorResponse, GenerateTokensResponse))
-            result = first if done else _prepend(first, events)
-            async for item in self._text.respond(job, result, None, event, role_chunk):
-                yield item
+            # A batch's prompts are called in turn, each once the one before has
+            # answered its first item (a unary prompt: its whole answer); then their
+            # streams run at once. Calls made for one request before the one before
+            # had answered were seen to hang, the later never reaching Generate.
+            firsts = [await anext(source) for source in sources]
+            results = [
+                first
+                if isinstance(first, (ErrorResponse, GenerateTokensResponse))
+                else _prepend(first, source)
+                for first, source in zip(firsts, sources, strict=True)
+            ]
+            if job.batch is None:
+                answer = self._text.respond(job, results[0], None, event, role_chunk)
+            else:
+                answer = self._text.respond_batch(job, results, None, event)
+            async with contextlib.aclosing(answer) as items:
+                async for item in items:
+                    yield item
         finally:
-            await events.aclose()
+            for source in sources:
+                await source.aclose()
             if self._streams.get(stream_id, 0) <= 1:
                 self._streams.pop(stream_id, None)
             else:

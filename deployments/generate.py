@@ -42,6 +42,7 @@ from deployments.edge.replies import ingress_items
 from deployments.edge.validation import named_by_header, validate
 from deployments.messages.control import ControlCommand, EngineState
 from deployments.messages.replies import RenderedText, served_by
+from deployments.messages.tier import text_call_key
 from deployments.routing.block_keys import engine_keying, kv_events_config
 from deployments.routing.engine_blocks import (
     ROUTING_STATS_KEY,
@@ -51,6 +52,7 @@ from deployments.routing.engine_blocks import (
 )
 from deployments.text.output import TextOutput, tokens_request
 from deployments.transport.coalesce import coalesced
+from deployments.transport.concurrently import all_or_none
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from deployments.transport.step_channel import ChannelSource, Outboxes
 from deployments.vllm_adapter.engine_args import serve_namespace
@@ -238,20 +240,26 @@ class Generate(ChannelSource):
         job = rendered.open()
         yield served_by("inline", with_pid=self._config.expose_replica_pid)
         stream = bool(job.generate_request.stream)
+        serve = self._state.serving_tokens.serve_tokens
         call = self._open(None)
         try:
-            with call.opening():
-                result = await self._state.serving_tokens.serve_tokens(
-                    tokens_request(job, stream=stream)
+            if job.batch is None:
+                with call.opening():
+                    result = await serve(tokens_request(job, stream=stream))
+                # tokens_request asks for tokens: a unary result is a tokens response.
+                assert not isinstance(result, GenerateResponseBase) or isinstance(
+                    result, GenerateTokensResponse
                 )
-            # tokens_request asks for tokens: a unary result is a tokens response.
-            assert not isinstance(result, GenerateResponseBase) or isinstance(
-                result, GenerateTokensResponse
-            )
-            async with contextlib.aclosing(
-                self._text.respond(job, result, self._coalesce_s)
-            ) as items:
-                async for item in items:
+                items = self._text.respond(job, result, self._coalesce_s)
+            else:
+                # Every prompt on this engine at once, as vLLM's server runs a batch.
+                with call.opening():
+                    results = await all_or_none(
+                        serve(tokens_request(job, stream=stream, prompt=p)) for p in job.batch
+                    )
+                items = self._text.respond_batch(job, results, self._coalesce_s)
+            async with contextlib.aclosing(items) as answered:
+                async for item in answered:
                     yield item
         finally:
             await self._close(call, None)
@@ -267,7 +275,9 @@ class Generate(ChannelSource):
 
     def _abort_calls(self, keys: list[str]) -> int:
         """End the bound calls with these keys (their caller died); how many were here."""
-        calls = [call for key in keys if (call := self._calls.get(key)) is not None]
+        ended = set(keys)
+        # A multi-prompt completion's Generate calls carry its key and their prompt.
+        calls = [call for key, call in self._calls.items() if text_call_key(key) in ended]
         for call in calls:
             call.cancel()
         return len(calls)

@@ -34,7 +34,7 @@ from vllm.version import __version__ as VLLM_VERSION
 
 from deployments.config.graph_config import GraphConfig
 from deployments.edge.bodies import json_of
-from deployments.edge.errors import Refusal, bad_request
+from deployments.edge.errors import Refusal
 from deployments.edge.json_body import allow_deep_values
 from deployments.edge.replies import answers_ingress, reply_of
 from deployments.edge.validation import parse_body, validate
@@ -44,7 +44,6 @@ from deployments.vllm_adapter.anthropic import MessagesConversion, count_tokens_
 from deployments.vllm_adapter.engine_args import serve_namespace
 from deployments.vllm_adapter.internals import APP_STATE_NAMES, checked_app_state
 
-ONE_PROMPT = "one prompt per /v1/completions request is supported"
 # ``/tokenize`` takes a prompt or chat messages: vLLM's union of the two.
 _TOKENIZE = TypeAdapter(TokenizeRequest)
 
@@ -112,17 +111,17 @@ class Render:
 
     @answers_ingress
     async def completion_text(self, body: bytes, header_id: str | None) -> RenderedText:
-        """``/v1/completions``, one prompt: as ``chat_text``."""
+        """``/v1/completions``: as ``chat_text``; a list of prompts (strings or token-id
+        lists) is one job, answered as vLLM answers the batch (``TextJob.batch``)."""
         request = parse_body(body, CompletionRequest, header_id)
-        if prompt_count(request) > 1:  # refused before rendering spends anything on it
-            raise Refusal(bad_request(ONE_PROMPT, param="prompt"))
         rendered = await self._completion(request)
-        if len(rendered) != 1:
-            raise Refusal(bad_request(ONE_PROMPT, param="prompt"))
         job = TextJob(
             generate_request=rendered[0],
             completion_request=request,
             model_name=request.model or self._config.model_name,
+            batch=rendered if len(rendered) > 1 else None,
+            # vLLM's ids for a batch: ``cmpl-<id>-<i>`` per prompt, ``cmpl-<id>`` the answer's.
+            response_id=f"cmpl-{request.request_id}" if len(rendered) > 1 else None,
         )
         return job.rendered()
 
@@ -234,12 +233,3 @@ def rendered_json(rendered: GenerateRequest) -> dict[str, Any]:
     if rendered.sampling_params.max_tokens is not None:
         data["sampling_params"]["max_tokens"] = rendered.sampling_params.max_tokens
     return data
-
-
-def prompt_count(request: CompletionRequest) -> int:
-    """Prompts a completion request holds: a list of strings or of token-id lists is
-    several; a string or one token-id list is one."""
-    prompt = request.prompt
-    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-        return len(prompt)
-    return 1

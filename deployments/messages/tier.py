@@ -35,6 +35,12 @@ class TextJob(BaseModel):
     """The original completion request. Set for completions."""
     model_name: str
     """The model name echoed in responses (the request's `model`)."""
+    batch: list[GenerateRequest] | None = None
+    """Every prompt of a multi-prompt completion, in order, the first being
+    ``generate_request``; None for one prompt."""
+    response_id: str | None = None
+    """A multi-prompt completion's id: vLLM names its prompts ``<id>-<i>`` and
+    answers as ``<id>``."""
     api: Literal["openai", "anthropic"] = "openai"
     """The API the client speaks: ``anthropic`` (``/v1/messages``) is served as chat,
     and its output converted as vLLM's Messages server converts it."""
@@ -48,6 +54,17 @@ class TextJob(BaseModel):
             multimodal=request.features is not None,
             job=pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL),
         )
+
+
+def prompt_key(key: str, prompt: int) -> str:
+    """The key of one prompt's Generate call within the text call ``key`` (a
+    multi-prompt completion in the tier makes one Generate call per prompt)."""
+    return f"{key}/{prompt}"
+
+
+def text_call_key(key: str) -> str:
+    """The text call a Generate call's key belongs to (itself for a single prompt)."""
+    return key.split("/", 1)[0]
 
 
 class ParseContext(BaseModel):

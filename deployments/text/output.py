@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 
 from vllm.entrypoints.openai.chat_completion.protocol import (
     ChatCompletionRequest,
@@ -37,6 +37,7 @@ from vllm.entrypoints.serve.engine.protocol import (
     UsageInfo,
 )
 from vllm.renderers.online_derenderer import OnlineDerenderer
+from vllm.utils.async_utils import merge_async_iterators
 
 from deployments.messages.replies import Reply
 from deployments.messages.tier import TextJob
@@ -65,8 +66,11 @@ def openai_event(chunk: OpenAIChunk) -> str:
     return sse_event(chunk, exclude_none=not chunk.choices and chunk.usage is not None)
 
 
-def tokens_request(job: TextJob, *, stream: bool) -> GenerateRequest:
-    """The job's generate request, asking for tokens (we detokenize).
+def tokens_request(
+    job: TextJob, *, stream: bool, prompt: GenerateRequest | None = None
+) -> GenerateRequest:
+    """The job's generate request (or ``prompt``, one of its batch), asking for tokens
+    (we detokenize).
 
     The engine's own incremental detokenizer is turned off too: the text is
     made from the token ids next to the parser, inline or in the tier, so the
@@ -74,13 +78,14 @@ def tokens_request(job: TextJob, *, stream: bool) -> GenerateRequest:
     Stop strings keep it on: vLLM matches them on the engine's text, and its
     semantics (which token ends the request) stay exact only there.
     """
-    params = job.generate_request.sampling_params
+    request = prompt or job.generate_request
+    params = request.sampling_params
     update: dict[str, Any] = {"output_mode": "tokens", "stream": stream}
     if params.detokenize and not params.stop:
         params = copy.copy(params)
         params.detokenize = False
         update["sampling_params"] = params
-    return job.generate_request.model_copy(update=update)
+    return request.model_copy(update=update)
 
 
 class TextOutput:
@@ -125,20 +130,54 @@ class TextOutput:
             async for item in items:
                 yield item
 
+    async def respond_batch(
+        self,
+        job: TextJob,
+        results: Sequence[ErrorResponse | GenerateTokensResponse | AsyncIterator[str]],
+        coalesce_s: float | None,
+        event: ChunkEvent = openai_event,
+    ) -> AsyncGenerator[Any, None]:
+        """``respond`` for a multi-prompt completion: one generate result per prompt of
+        ``job.batch``, answered as vLLM answers the batch (choice ``index`` = prompt ×
+        ``n`` + choice, one usage over all prompts). A prompt refused (the first
+        error) is the answer; the caller closes the others' engine streams."""
+        for result in results:
+            if isinstance(result, ErrorResponse):
+                yield result
+                return
+        if all(isinstance(result, GenerateTokensResponse) for result in results):
+            yield await self._unary_completion(job, results)  # type: ignore[arg-type]
+            return
+        streams = [r for r in results if not isinstance(r, GenerateTokensResponse)]
+        events = self._batch_stream(job, streams, event)  # type: ignore[arg-type]
+        async with contextlib.aclosing(coalesced(events, coalesce_s)) as items:
+            async for item in items:
+                yield item
+
     async def unary(
         self, job: TextJob, response: GenerateTokensResponse
     ) -> ChatCompletionResponse | CompletionResponse | ErrorResponse:
-        prompt = job.generate_request.token_ids
-        response = response.model_copy(update={"request_id": job.generate_request.request_id})
         if job.chat_request is not None:
+            response = response.model_copy(update={"request_id": job.generate_request.request_id})
             return self._unary_chat(job, job.chat_request, response)
+        return await self._unary_completion(job, [response])
+
+    async def _unary_completion(
+        self, job: TextJob, responses: list[GenerateTokensResponse]
+    ) -> CompletionResponse | ErrorResponse:
+        """One completion answer over every prompt's generate response, by vLLM's batch
+        derender (it numbers the choices and sums the usage as vLLM's server does)."""
         assert job.completion_request is not None
+        prompts = [r.token_ids for r in job.batch or [job.generate_request]]
+        response_id = job.response_id or job.generate_request.request_id
         completion = await self._serving.derender_completion_response(
             DerenderCompletionRequest(
                 model=job.model_name,
-                generate_responses=[response],
-                prompt_tokens=[len(prompt)],
-                prompt_token_ids=[prompt],
+                generate_responses=[
+                    r.model_copy(update={"request_id": response_id}) for r in responses
+                ],
+                prompt_tokens=[len(prompt) for prompt in prompts],
+                prompt_token_ids=prompts,
                 completion_request=job.completion_request,
             )
         )
@@ -210,6 +249,54 @@ class TextOutput:
             kv_transfer_params=response.kv_transfer_params,
             prompt_token_ids=prompt if request.return_token_ids else None,
         )
+
+    async def _batch_stream(
+        self, job: TextJob, sources: list[AsyncIterator[str]], event: ChunkEvent
+    ) -> AsyncGenerator[str, None]:
+        """Every prompt's generate stream in → one completion stream, as vLLM streams a
+        batch: chunks in the order the engine makes them, each choice's ``index`` its
+        prompt × ``n`` + its own, the response's id on every chunk, and one usage
+        chunk over all prompts at the end (each prompt's own is summed into it)."""
+        request = job.completion_request
+        assert request is not None and job.batch is not None
+        n = request.n or 1
+        response_id = job.response_id or job.generate_request.request_id
+        feeders = [
+            CompletionStreamDerenderer(self._derenderer, request, prompt.token_ids, job.model_name)
+            for prompt in job.batch
+        ]
+        prompt_tokens = completion_tokens = 0
+        usage_seen = False
+        payloads = [
+            cast(AsyncGenerator[dict[str, Any], None], sse_stream_payloads(source))
+            for source in sources
+        ]
+        async for prompt, payload in merge_async_iterators(*payloads):
+            if "error" in payload:
+                yield sse_data(payload)
+                continue
+            out = await feeders[prompt].feed(GenerateTokensStreamResponse.model_validate(payload))
+            if not out.choices:  # this prompt's usage: summed into the batch's
+                if out.usage is not None:
+                    usage_seen = True
+                    prompt_tokens += out.usage.prompt_tokens
+                    completion_tokens += out.usage.completion_tokens or 0
+                continue
+            for choice in out.choices:
+                choice.index += prompt * n
+            out.id = response_id
+            yield event(out)
+        if usage_seen:
+            usage = UsageInfo(
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                total_tokens=prompt_tokens + completion_tokens,
+            )
+            final = CompletionStreamResponse(
+                id=response_id, model=job.model_name, choices=[], usage=usage
+            )
+            yield event(final)
+        yield f"data: {DONE}\n\n"
 
     async def stream(
         self,

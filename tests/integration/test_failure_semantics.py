@@ -310,8 +310,6 @@ BAD_INPUTS: list[tuple[str, str, Any, int]] = [
     ("/inference/v1/abort_requests", "missing request_ids", {}, 400),
     ("/inference/v1/abort_requests", "not json", "{", 400),
     ("/inference/v1/abort_requests", "ids not strings", {"request_ids": [1]}, 400),
-    ("/v1/completions", "two prompts (refused before rendering)",
-     {"model": MODEL, "prompt": ["a", "b"]}, 400),
     ("/tokenize", "not json", "{", 400),
     ("/tokenize", "neither prompt nor messages", {"model": MODEL}, 400),
     ("/tokenize", "unknown model", {"model": "nope", "prompt": "x"}, 404),

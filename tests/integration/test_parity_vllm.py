@@ -310,7 +310,7 @@ def test_a_request_the_engine_ends_with_an_error_is_answered_as_vllm_answers_it(
         assert (got.status_code, got.json()) == (want.status_code, want.json()), placement
 
 
-def completion(prompt: str, **extra: Any) -> dict[str, Any]:
+def completion(prompt: str | list[Any], **extra: Any) -> dict[str, Any]:
     return {"model": MODEL, "prompt": prompt, "temperature": 0, "max_tokens": 40, **extra}
 
 
@@ -613,3 +613,60 @@ def test_return_token_ids_gives_the_prompt_token_ids_as_vllm(
         assert got.status_code == 200, got.text
         assert got.json()["prompt_token_ids"] == want["prompt_token_ids"], placement
         assert got.json()["choices"][0]["token_ids"] == want["choices"][0]["token_ids"], placement
+
+
+BATCHES = {
+    "two prompts": completion(["What is the capital of Italy?", "What is the weather in Paris?"]),
+    "token-id prompts": completion([[1, 2, 3, 4], [5, 6, 7]], max_tokens=12),
+    "n=2 seeded": completion(["hi", "The capital of"], n=2, temperature=1.0, seed=7, max_tokens=8),
+    "stop string": completion(["What is the capital of Italy?", "hi"], stop=["Rome"]),
+}
+
+
+def batch_result(response: httpx.Response, stream: bool) -> dict[str, Any]:
+    """A multi-prompt /v1/completions answer as {id, usage, choices by index}: each
+    choice's text, finish and stop reasons (a stream's chunks joined per index)."""
+    assert response.status_code == 200, response.text
+    if stream:
+        lines = [line for line in response.text.splitlines() if line.startswith("data: ")]
+        chunks = [json.loads(line[6:]) for line in lines if line != "data: [DONE]"]
+    else:
+        chunks = [response.json()]
+    ids = {chunk["id"] for chunk in chunks}
+    assert len(ids) == 1, ids
+    choices: dict[int, dict[str, Any]] = {}
+    usage = None
+    for chunk in chunks:
+        assert "error" not in chunk, chunk
+        usage = chunk.get("usage") or usage
+        for choice in chunk["choices"]:
+            mine = choices.setdefault(
+                choice["index"], {"text": "", "finish_reason": None, "stop_reason": None}
+            )
+            mine["text"] += choice["text"]
+            mine["finish_reason"] = choice.get("finish_reason") or mine["finish_reason"]
+            mine["stop_reason"] = choice.get("stop_reason") or mine["stop_reason"]
+    return {"id": ids.pop(), "usage": usage, "choices": dict(sorted(choices.items()))}
+
+
+@pytest.mark.parametrize("shape", list(BATCHES))
+def test_a_batch_of_prompts_is_answered_as_vllm_answers_it(
+    vllm_server: Server, client: httpx.Client, shape: str
+) -> None:
+    """/v1/completions with a list of prompts (strings or token-id lists) and ``n``:
+    one choice per prompt and sample, numbered prompt × n + sample, one usage over the
+    batch, the answer's id on every chunk; unary and streamed, inline and tier."""
+    body = {**BATCHES[shape], "request_id": f"batch-{shape.replace(' ', '-')}"}
+    stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.Client(base_url=vllm_server.base_url, timeout=120) as reference:
+        want = {
+            False: batch_result(reference.post("/v1/completions", json=body), False),
+            True: batch_result(reference.post("/v1/completions", json=stream_body), True),
+        }
+    prompts, n = len(body["prompt"]), body.get("n", 1)
+    assert list(want[False]["choices"]) == list(range(prompts * n))
+    for placement in ("inline", "tier"):
+        headers = {"X-Text-Placement": placement}
+        for stream, sent in ((False, body), (True, stream_body)):
+            got = batch_result(client.post("/v1/completions", json=sent, headers=headers), stream)
+            assert got == want[stream], (placement, stream)
