@@ -241,16 +241,21 @@ def test_responses_render_equals_vllm_launch_render(
         assert want.status_code in (400, 404), want.text
 
 
-@pytest.mark.parametrize("placement", PLACEMENTS)
-def test_the_anthropic_sdk_holds_a_tool_conversation(graph: Server, placement: str) -> None:
-    """The official SDK, unchanged: a tool call, its result sent back, an answer;
-    unary and streamed."""
-    sdk = anthropic.Anthropic(
+def sdk_for(graph: Server, placement: str) -> anthropic.Anthropic:
+    """The official client, as a user makes one, pointed at the graph."""
+    return anthropic.Anthropic(
         base_url=graph.base_url,
         api_key="unused",
         default_headers={"X-Text-Placement": placement},
         max_retries=0,
     )
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_the_anthropic_sdk_holds_a_tool_conversation(graph: Server, placement: str) -> None:
+    """The official SDK, unchanged: a tool call, its result sent back, an answer;
+    unary and streamed."""
+    sdk = sdk_for(graph, placement)
     ask = {"role": "user", "content": "What is the weather in Paris?"}
     first = sdk.messages.create(model=MODEL, max_tokens=60, messages=[ask], tools=TOOLS)
     assert first.stop_reason == "tool_use"
@@ -274,12 +279,7 @@ def test_the_anthropic_sdk_holds_a_tool_conversation(graph: Server, placement: s
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_the_anthropic_sdk_streams_thinking(graph: Server, placement: str) -> None:
-    sdk = anthropic.Anthropic(
-        base_url=graph.base_url,
-        api_key="unused",
-        default_headers={"X-Text-Placement": placement},
-        max_retries=0,
-    )
+    sdk = sdk_for(graph, placement)
     ask = {"role": "user", "content": "think: what is 2 plus 3?"}
     with sdk.messages.stream(model=MODEL, max_tokens=60, messages=[ask]) as stream:
         final = stream.get_final_message()
