@@ -241,8 +241,14 @@ def test_responses_render_equals_vllm_launch_render(
         assert want.status_code in (400, 404), want.text
 
 
+GREEDY = {"temperature": 0}
+
+
 def sdk_for(graph: Server, placement: str) -> anthropic.Anthropic:
-    """The official client, as a user makes one, pointed at the graph."""
+    """The official client, as a user makes one, pointed at the graph. (Its calls
+    send ``temperature: 0``, in the body as this SDK version has no argument for it:
+    Anthropic's default samples, and the checks read the tiny model's trained
+    answers.)"""
     return anthropic.Anthropic(
         base_url=graph.base_url,
         api_key="unused",
@@ -257,7 +263,9 @@ def test_the_anthropic_sdk_holds_a_tool_conversation(graph: Server, placement: s
     unary and streamed."""
     sdk = sdk_for(graph, placement)
     ask = {"role": "user", "content": "What is the weather in Paris?"}
-    first = sdk.messages.create(model=MODEL, max_tokens=60, messages=[ask], tools=TOOLS)
+    first = sdk.messages.create(
+        model=MODEL, max_tokens=60, extra_body=GREEDY, messages=[ask], tools=TOOLS
+    )
     assert first.stop_reason == "tool_use"
     (call,) = [block for block in first.content if block.type == "tool_use"]
     assert call.name == "get_weather" and call.input == {"city": "Paris"}
@@ -267,6 +275,7 @@ def test_the_anthropic_sdk_holds_a_tool_conversation(graph: Server, placement: s
     with sdk.messages.stream(
         model=MODEL,
         max_tokens=40,
+        extra_body=GREEDY,
         messages=conversation,
         tools=TOOLS,
     ) as stream:
@@ -281,7 +290,9 @@ def test_the_anthropic_sdk_holds_a_tool_conversation(graph: Server, placement: s
 def test_the_anthropic_sdk_streams_thinking(graph: Server, placement: str) -> None:
     sdk = sdk_for(graph, placement)
     ask = {"role": "user", "content": "think: what is 2 plus 3?"}
-    with sdk.messages.stream(model=MODEL, max_tokens=60, messages=[ask]) as stream:
+    with sdk.messages.stream(
+        model=MODEL, max_tokens=60, extra_body=GREEDY, messages=[ask]
+    ) as stream:
         final = stream.get_final_message()
     thinking = [b for b in final.content if b.type == "thinking"]
     text = [b for b in final.content if b.type == "text"]
@@ -292,6 +303,7 @@ def test_the_anthropic_sdk_streams_thinking(graph: Server, placement: str) -> No
     again = sdk.messages.create(
         model=MODEL,
         max_tokens=60,
+        extra_body=GREEDY,
         messages=[
             ask,
             {"role": "assistant", "content": final.content},
