@@ -33,7 +33,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +183,8 @@ class LocalCluster:
     gcs_port: int
     dashboard_port: int
     log_path: Path
+    ray_settings: dict[str, str] = field(default_factory=dict)
+    """Ray system settings (``RAY_<name>``) the head, and so every node, starts with."""
 
     @property
     def address(self) -> str:
@@ -207,6 +209,7 @@ class LocalCluster:
             "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID,
             "RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID,
             "AUTOSCALER_UPDATE_INTERVAL_S": "1",
+            **self.ray_settings,
         }
         argv = [
             str(VENV_BIN / "ray"),
@@ -366,7 +369,10 @@ class LocalCluster:
 
 @contextlib.contextmanager
 def local_cluster(
-    shape: ClusterShape, work: Path, timeout_s: float = 180
+    shape: ClusterShape,
+    work: Path,
+    timeout_s: float = 180,
+    ray_settings: dict[str, str] | None = None,
 ) -> Iterator[LocalCluster]:
     """A started cluster; every process of it stopped on exit."""
     work.mkdir(parents=True, exist_ok=True)
@@ -378,6 +384,7 @@ def local_cluster(
         gcs_port=free_port(),
         dashboard_port=free_port(),
         log_path=work / "cluster.log",
+        ray_settings=dict(ray_settings or {}),
     )
     try:
         cluster.start(timeout_s)
