@@ -43,6 +43,7 @@ from deployments.edge.tier_calls import (
     call,
     openai_stream_error,
     respond,
+    responses_stream_error,
 )
 from deployments.messages.replies import RenderedText, Reply
 from deployments.transport.step_channel import ChannelStream, StepChannels
@@ -211,6 +212,29 @@ class Ingress:
         render = self._render.messages_text.remote(await json_bytes(raw), _header_id(raw))
         rendered = await call(render, self._render)
         return await self._text(rendered, placement, anthropic_stream_error)
+
+    @app.post("/v1/responses")
+    async def responses(self, raw: Request) -> Response:
+        """OpenAI Responses, in either placement, as vLLM's ``/v1/responses`` answers
+        without its store switch (docs/api.md)."""
+        placement = self._placement(raw)
+        render = self._render.responses_text.remote(await json_bytes(raw))
+        rendered = await call(render, self._render)
+        return await self._text(rendered, placement, responses_stream_error)
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve_response(self, response_id: str) -> Response:
+        """No response is stored: vLLM's 404 for every id."""
+        return await self._unknown_response(response_id)
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(self, response_id: str) -> Response:
+        """No response is stored: vLLM's 404 for every id."""
+        return await self._unknown_response(response_id)
+
+    async def _unknown_response(self, response_id: str) -> Response:
+        answer = self._render.unknown_response.remote(response_id)
+        return JSONResponse(await call(answer, self._render))
 
     @app.post("/v1/messages/count_tokens")
     async def count_message_tokens(self, raw: Request) -> Response:

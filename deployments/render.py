@@ -43,6 +43,7 @@ from deployments.messages.tier import ParseContext, TextJob
 from deployments.vllm_adapter.anthropic import MessagesConversion, count_tokens_response
 from deployments.vllm_adapter.engine_args import serve_namespace
 from deployments.vllm_adapter.internals import APP_STATE_NAMES, checked_app_state
+from deployments.vllm_adapter.responses import ResponsesAdmission
 
 # ``/tokenize`` takes a prompt or chat messages: vLLM's union of the two.
 _TOKENIZE = TypeAdapter(TokenizeRequest)
@@ -84,6 +85,7 @@ class Render:
         self._config = config
         self._state = await build_render_state(config)
         self._messages = MessagesConversion(self._state.serving_render.online_renderer)
+        self._responses = ResponsesAdmission(self._state.serving_render.model_config)
 
     async def _chat(self, request: ChatCompletionRequest) -> GenerateRequest:
         rendered = await self._state.serving_render.render_chat_request(request)
@@ -166,15 +168,42 @@ class Render:
         request = await self._messages_chat(body, header_id, AnthropicMessagesRequest, served=False)
         return rendered_json(await self._chat(request))
 
+    async def _responses_request(self, request: ResponsesRequest) -> GenerateRequest:
+        rendered = await self._state.serving_render.render_responses_request(request)
+        if isinstance(rendered, ErrorResponse):
+            raise Refusal(reply_of(rendered))
+        return rendered
+
+    @answers_ingress
+    async def responses_text(self, body: bytes) -> RenderedText:
+        """``/v1/responses``: checked as vLLM's server checks it (no stored responses:
+        ``previous_response_id`` is a 404 and ``store`` is ignored), rendered, and
+        answered by the tier that makes its text as vLLM's Responses server answers."""
+        request = parse_body(body, ResponsesRequest)
+        refused = self._responses.refusal(request)
+        if refused is not None:
+            raise Refusal(reply_of(refused))
+        job = TextJob(
+            generate_request=await self._responses_request(request),
+            responses_request=request,
+            # vLLM's Responses answers name the served model, not the request's.
+            model_name=self._config.model_name,
+            api="responses",
+        )
+        return job.rendered()
+
+    @answers_ingress
+    async def unknown_response(self, response_id: str) -> dict[str, Any]:
+        """Retrieving or cancelling a stored response: none is stored, as in vLLM
+        without its store switch, so every id is vLLM's 404."""
+        raise Refusal(reply_of(self._responses.not_found(response_id)))
+
     @answers_ingress
     async def render_responses(self, body: bytes) -> dict[str, Any]:
         """``/v1/responses/render``: vLLM's render output for a Responses body (stateless:
         ``previous_response_id`` is refused, as vLLM's render server refuses it)."""
         request = parse_body(body, ResponsesRequest)
-        rendered = await self._state.serving_render.render_responses_request(request)
-        if isinstance(rendered, ErrorResponse):
-            raise Refusal(reply_of(rendered))
-        return rendered_json(rendered)
+        return rendered_json(await self._responses_request(request))
 
     @answers_ingress
     async def render_chat(self, body: bytes, header_id: str | None) -> dict[str, Any]:

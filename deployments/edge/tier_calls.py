@@ -33,7 +33,7 @@ from deployments.edge.errors import (
     unavailable,
 )
 from deployments.messages.replies import Reply, ServedBy, error_reply
-from deployments.text.sse import DONE, sse_data
+from deployments.text.sse import DONE, responses_error_event, sse_data
 from deployments.transport.replica_assignment import wait_routed
 
 logger = logging.getLogger("ray.serve")
@@ -124,6 +124,12 @@ async def respond(
 def openai_stream_error(error: Reply) -> list[str]:
     """How vLLM's OpenAI routes end a stream that failed: the error, then ``[DONE]``."""
     return [sse_data(error.body), sse_data(DONE)]
+
+
+def responses_stream_error(error: Reply) -> list[str]:
+    """How a Responses stream ends when a tier fails under it: Responses' ``error``
+    event (no ``sequence_number``: the Ingress does not count the tier's events)."""
+    return [responses_error_event(error.body.get("error", {}))]
 
 
 def anthropic_stream_error(error: Reply) -> list[str]:

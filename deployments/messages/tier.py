@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from vllm.entrypoints.generate.base.protocol import DeltaMessage
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest, ChatMessage
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateRequest
 from vllm.entrypoints.serve.engine.protocol import UsageInfo
 
@@ -41,9 +42,13 @@ class TextJob(BaseModel):
     response_id: str | None = None
     """A multi-prompt completion's id: vLLM names its prompts ``<id>-<i>`` and
     answers as ``<id>``."""
-    api: Literal["openai", "anthropic"] = "openai"
+    responses_request: ResponsesRequest | None = None
+    """The original Responses request (``/v1/responses``). Set for Responses."""
+    api: Literal["openai", "anthropic", "responses"] = "openai"
     """The API the client speaks: ``anthropic`` (``/v1/messages``) is served as chat,
-    and its output converted as vLLM's Messages server converts it."""
+    and its output converted as vLLM's Messages server converts it; ``responses``
+    (``/v1/responses``) as vLLM's Responses server builds its answer from engine
+    outputs."""
 
     def rendered(self) -> RenderedText:
         """This job as it crosses the Ingress: pickled once, with what routing reads."""

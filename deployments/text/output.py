@@ -43,6 +43,7 @@ from deployments.messages.replies import Reply
 from deployments.messages.tier import TextJob
 from deployments.text.chat_choice import GeneratedChoice, chat_choice
 from deployments.text.reasoning_count import ReasoningCounter
+from deployments.text.responses_output import ResponsesOutput
 from deployments.text.sse import DONE, sse_data, sse_event, sse_stream_payloads
 from deployments.text.stop_strings import cut_at_stop, ended_on_stop_string, ended_on_stop_token
 from deployments.text.stream_derenderer import ChatStreamDerenderer, CompletionStreamDerenderer
@@ -95,6 +96,7 @@ class TextOutput:
         self._derenderer = derenderer
         self._serving = serving_derender
         self._reasoning = ReasoningCounter(derenderer)
+        self._responses = ResponsesOutput(derenderer)
 
     async def respond(
         self,
@@ -111,6 +113,9 @@ class TextOutput:
         if isinstance(result, ErrorResponse):
             yield result
             return
+        if isinstance(result, GenerateTokensResponse) and job.api == "responses":
+            yield await self._responses.unary(job, result)
+            return
         if isinstance(result, GenerateTokensResponse):
             answer = await self.unary(job, result)
             if job.api == "anthropic" and isinstance(answer, ChatCompletionResponse):
@@ -123,6 +128,8 @@ class TextOutput:
         if job.api == "anthropic":
             # vLLM's converter reads the chat events as vLLM's chat server writes them.
             events = anthropic_events(self.stream(job, result, openai_event, role_chunk=True))
+        elif job.api == "responses":
+            events = self._responses.stream(job, result)
         else:
             events = self.stream(job, result, event, role_chunk)
         # Closed with this generator, so its coalescing task stops reading the source.

@@ -47,3 +47,18 @@ def sse_payloads(text: str) -> Iterator[dict[str, Any] | str]:
         if line.startswith("data:"):
             data = line[len("data:") :].removeprefix(" ")
             yield DONE if data == DONE else json.loads(data)
+
+
+def responses_error_event(error: dict[str, Any], sequence_number: int | None = None) -> str:
+    """A failed Responses stream's last event: Responses' ``error`` event, carrying the
+    error vLLM's OpenAI routes would send (its type as ``code``); ``sequence_number``
+    where the writer knows how many events came before."""
+    event: dict[str, Any] = {
+        "type": "error",
+        "code": error.get("type"),
+        "message": error.get("message", ""),
+        "param": error.get("param"),
+    }
+    if sequence_number is not None:
+        event["sequence_number"] = sequence_number
+    return f"event: error\ndata: {json.dumps(event, separators=(',', ':'))}\n\n"

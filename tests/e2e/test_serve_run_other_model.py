@@ -12,6 +12,7 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -33,6 +34,7 @@ from tests.integration.test_parity_vllm import (
     streamed,
     unary,
 )
+from tests.support.early_start import EarlyStart, collected_use
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +50,13 @@ SERVE_DEFAULT_PORT = 8000
 
 @pytest.fixture(scope="module")
 def other_model_server(
-    tmp_path_factory: pytest.TempPathFactory, other_model: Path
+    tmp_path_factory: pytest.TempPathFactory,
+    other_model: Path,
+    vllm_early: EarlyStart[Server] | None,
 ) -> Iterator[Server]:
     """``serve run graph:build_app model=…`` as a user types it: no config file, and
-    none of the graph's Serve switches exported (graph.py sets them before Ray starts)."""
+    none of the graph's Serve switches exported (graph.py sets them before Ray starts).
+    After ``vllm_early``, so the oracle starts beside it."""
     if not port_is_free(SERVE_DEFAULT_PORT):
         pytest.skip(f"port {SERVE_DEFAULT_PORT} (Serve's default) is taken on this host")
     args = {
@@ -120,11 +125,7 @@ def test_max_model_len_reaches_the_engine(other_model_server: Server) -> None:
     assert Path(listing["data"][0]["root"]).name == "some-other-model"
 
 
-@pytest.fixture(scope="module")
-def vllm_without_parsers(
-    tmp_path_factory: pytest.TempPathFactory, other_model: Path
-) -> Iterator[str]:
-    """vLLM's own server for the same model and flags as this graph: no parsers."""
+def _vllm_without_parsers(tmp_path_factory: pytest.TempPathFactory, other_model: Path) -> Any:
     port = free_port()
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -134,8 +135,30 @@ def vllm_without_parsers(
     ]  # fmt: skip
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-    with running(argv, port=port, log_path=log, env=env) as server:
-        yield server.base_url
+    return running(argv, port=port, log_path=log, env=env)
+
+
+@pytest.fixture(scope="module")
+def vllm_early(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, other_model: Path
+) -> Iterator[EarlyStart[Server] | None]:
+    """``vllm_without_parsers``, started beside the graph when a collected test uses it
+    (``tests/support/early_start.py``)."""
+    if not collected_use(request, "vllm_without_parsers"):
+        yield None
+        return
+    early = EarlyStart(_vllm_without_parsers(tmp_path_factory, other_model))
+    try:
+        yield early
+    finally:
+        early.close()
+
+
+@pytest.fixture(scope="module")
+def vllm_without_parsers(vllm_early: EarlyStart[Server] | None) -> str:
+    """vLLM's own server for the same model and flags as this graph: no parsers."""
+    assert vllm_early is not None
+    return vllm_early.get().base_url
 
 
 @pytest.mark.parametrize("prompt", ["hi", "think: what is 2 plus 3?"])

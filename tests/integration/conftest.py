@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -29,6 +30,7 @@ from bench.harness.servers import (
 )
 from bench.metrics import running_requests
 from deployments.routing.block_keys import kv_events_config
+from tests.support.early_start import EarlyStart, collected_use
 
 MODEL = str(TINY_MODEL)
 GRAPH_ARGS = {
@@ -60,7 +62,10 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 @pytest.fixture(scope="package")
-def graph(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def graph(
+    tmp_path_factory: pytest.TempPathFactory, oracles: dict[str, EarlyStart[Server]]
+) -> Iterator[Server]:
+    """The graph (after ``oracles``, so vLLM's servers start beside it)."""
     apps = {
         "default": ("/", {**GRAPH_ARGS, "generate": {"num_replicas": 2, "num_cpus": 0.3}}),
         "tokens-only": (
@@ -94,28 +99,49 @@ def vllm_kv_events(tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"ipc://{tmp_path_factory.mktemp('kv-events') / 'vllm.ipc'}"
 
 
+def _vllm_server(tmp_path_factory: pytest.TempPathFactory, kv_events: str) -> Any:
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    extra = ["--enable-scale-out", "--kv-events-config", json.dumps(kv_events_config(kv_events))]
+    return running_vllm_as_graph(log, GRAPH_ARGS, extra_args=extra)
+
+
+def _vllm_render(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return running_vllm_render(tmp_path_factory.mktemp("vllm-render") / "render.log", GRAPH_ARGS)
+
+
 @pytest.fixture(scope="package")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory, vllm_kv_events: str) -> Iterator[Server]:
+def oracles(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    vllm_kv_events: str,
+) -> Iterator[dict[str, EarlyStart[Server]]]:
+    """vLLM's own servers that this run's tests compare with, started beside the graph
+    (``tests/support/early_start.py``)."""
+    early: dict[str, EarlyStart[Server]] = {}
+    try:
+        if collected_use(request, "vllm_server"):
+            early["vllm_server"] = EarlyStart(_vllm_server(tmp_path_factory, vllm_kv_events))
+        if collected_use(request, "vllm_render"):
+            early["vllm_render"] = EarlyStart(_vllm_render(tmp_path_factory))
+        yield early
+    finally:
+        for server in early.values():
+            server.close()
+
+
+@pytest.fixture(scope="package")
+def vllm_server(oracles: dict[str, EarlyStart[Server]]) -> Server:
     """The oracle: vLLM's own OpenAI server with the graph's model, parsers and
     context length. ``--enable-scale-out`` opens its ``/inference/v1/generate``,
     ``/render`` and ``/derender`` routes; it also publishes its KV cache events
-    (neither changes an output)."""
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    extra = [
-        "--enable-scale-out",
-        "--kv-events-config",
-        json.dumps(kv_events_config(vllm_kv_events)),
-    ]
-    with running_vllm_as_graph(log, GRAPH_ARGS, extra_args=extra) as server:
-        yield server
+    (``vllm_kv_events``; neither changes an output)."""
+    return oracles["vllm_server"].get()
 
 
 @pytest.fixture(scope="package")
-def vllm_render(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def vllm_render(oracles: dict[str, EarlyStart[Server]]) -> Server:
     """The oracle for the Render and Derender tiers: ``vllm launch render``."""
-    log = tmp_path_factory.mktemp("vllm-render") / "render.log"
-    with running_vllm_render(log, GRAPH_ARGS) as server:
-        yield server
+    return oracles["vllm_render"].get()
 
 
 def wait_settled(base_url: str, generate_replicas: dict[str, int], timeout_s: float = 300) -> None:

@@ -123,6 +123,7 @@ MEDIA_TYPE_ROUTES: list[tuple[str, dict[str, Any]]] = [
     ("/v1/messages/count_tokens", _MESSAGES),
     ("/v1/messages/render", {**_MESSAGES, "max_tokens": 2}),
     ("/v1/responses/render", {"model": MODEL, "input": "hi"}),
+    ("/v1/responses", {"model": MODEL, "input": "hi", "max_output_tokens": 2}),
 ]
 MEDIA_TYPES = [
     None,
