@@ -200,6 +200,9 @@ class Derender(ChannelSource):
         parse_context = None if context is None else validate(context, ParseContext)
         model = request.model or self._config.model_name
         chat = (parse_context or ParseContext()).chat_request(model)
+        # Each choice carries its token ids, as vLLM's chat does when asked (its logprobs
+        # come whenever the generate request asks the engine for them).
+        chat.return_token_ids = True
         job = TextJob(generate_request=request, chat_request=chat, model_name=model)
         texts = self._text_items(job, _derender_event, key, role_chunk=False)
         async with contextlib.aclosing(texts) as items:
@@ -258,6 +261,8 @@ def _derender_response(response: ChatCompletionResponse) -> GenerateDerenderResp
                 message=c.message,
                 finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason,
+                token_ids=c.token_ids,
+                logprobs=c.logprobs,
             )
             for c in response.choices
         ],
@@ -279,6 +284,8 @@ def _derender_event(chunk: Any) -> str:
                     delta=c.delta,
                     finish_reason=c.finish_reason,
                     stop_reason=c.stop_reason,
+                    token_ids=c.token_ids,
+                    logprobs=c.logprobs,
                 )
                 for c in chunk.choices
             ],

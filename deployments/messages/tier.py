@@ -14,7 +14,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 from vllm.entrypoints.generate.base.protocol import DeltaMessage
-from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest, ChatMessage
+from vllm.entrypoints.openai.chat_completion.protocol import (
+    ChatCompletionLogProbs,
+    ChatCompletionRequest,
+    ChatMessage,
+)
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateRequest
@@ -123,6 +127,10 @@ class DerenderChoice(BaseModel):
     message: ChatMessage
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+    """Every generated token (None where reasoning is hidden, as in vLLM's chat)."""
+    logprobs: ChatCompletionLogProbs | None = None
+    """With ``sampling_params.logprobs``: each token's, decoded as vLLM's chat does."""
 
 
 class GenerateDerenderResponse(_DerenderEnvelope):
@@ -139,6 +147,10 @@ class DerenderStreamChoice(BaseModel):
     delta: DeltaMessage
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+    """This step's tokens (None where reasoning is hidden)."""
+    logprobs: ChatCompletionLogProbs | None = None
+    """This step's, with ``sampling_params.logprobs``."""
 
 
 class GenerateDerenderStreamResponse(_DerenderEnvelope):

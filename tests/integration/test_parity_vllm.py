@@ -397,7 +397,8 @@ DERENDER_SHAPES = ("chat", "reasoning", "tools-auto", "reasoning+tool", "no-thin
 
 def derender_mode(client: httpx.Client, body: dict[str, Any], stream: bool) -> dict[str, Any]:
     """Render a chat request, then ``/inference/v1/generate`` with ``output_mode:
-    "derender"``; the parsed message and finish reason, as ``unary``/``streamed`` give."""
+    "derender"``; the parsed message and finish reason, as ``unary``/``streamed`` give,
+    and every choice's token ids and logprob entries (joined over a stream's steps)."""
     rendered = client.post("/v1/chat/completions/render", json=body)
     assert rendered.status_code == 200, rendered.text
     request = {**rendered.json(), "output_mode": "derender", "stream": stream}
@@ -408,11 +409,15 @@ def derender_mode(client: httpx.Client, body: dict[str, Any], stream: bool) -> d
         return {
             "message": normalise_message(choice["message"]),
             "finish_reason": choice["finish_reason"],
+            "token_ids": choice["token_ids"],
+            "logprobs": [_logprob_entry(e) for e in (choice["logprobs"] or {}).get("content", [])],
         }
     content: str | None = None
     reasoning: str | None = None
     calls: dict[int, dict[str, Any]] = {}
     finish = None
+    token_ids: list[int] = []
+    logprobs: list[Any] = []
     for line in response.text.splitlines():
         if not line.startswith("data: ") or line == "data: [DONE]":
             continue
@@ -433,24 +438,43 @@ def derender_mode(client: httpx.Client, body: dict[str, Any], stream: bool) -> d
                 entry["function"]["name"] += fn.get("name") or ""
                 entry["function"]["arguments"] += fn.get("arguments") or ""
             finish = choice.get("finish_reason") or finish
+            token_ids += choice.get("token_ids") or []
+            logprobs += [
+                _logprob_entry(e) for e in (choice.get("logprobs") or {}).get("content", [])
+            ]
     message = {"content": content, "reasoning": reasoning, "tool_calls": list(calls.values())}
-    return {"message": normalise_message(message), "finish_reason": finish}
+    return {
+        "message": normalise_message(message),
+        "finish_reason": finish,
+        "token_ids": token_ids,
+        "logprobs": logprobs,
+    }
 
 
-@pytest.mark.parametrize("shape", DERENDER_SHAPES)
+@pytest.mark.parametrize("shape", list(SHAPES))
 def test_output_mode_derender_parity_with_vllm_chat(
     vllm_server: Server, client: httpx.Client, shape: str
 ) -> None:
     """render → generate(``output_mode: "derender"``) gives the message vLLM's own
-    ``/v1/chat/completions`` gives for the same request (vLLM 0.32 has no derender
-    mode; its chat server is the oracle for what the parsers must make of the tokens)."""
+    ``/v1/chat/completions`` gives for the same request, and each choice's token ids
+    and logprobs as vLLM's chat gives them with ``return_token_ids`` (vLLM 0.32 has no
+    derender mode; its chat server is the oracle for what the parsers must make of
+    the tokens)."""
     body = SHAPES[shape]
     with httpx.Client(base_url=vllm_server.base_url, timeout=120) as reference:
         want_unary = unary(reference, body, {})
         want_stream = streamed(reference, body, {})
+        with_ids = reference.post("/v1/chat/completions", json={**body, "return_token_ids": True})
+    want_ids = with_ids.json()["choices"][0]["token_ids"]
+    assert want_ids, "vLLM returned no token ids: the check would test nothing"
     for stream, want in ((False, want_unary), (True, want_stream)):
-        want = {k: want[k] for k in ("message", "finish_reason")}
-        assert derender_mode(client, body, stream) == want, stream
+        got = derender_mode(client, body, stream)
+        want_values = split_logprob_values(want)
+        got_values = split_logprob_values(got)
+        assert got.pop("token_ids") == want_ids, stream
+        assert got.pop("logprobs") == want.get("logprobs", []), stream
+        assert got == {k: want[k] for k in ("message", "finish_reason")}, stream
+        assert got_values == pytest.approx(want_values, abs=LOGPROB_TOLERANCE), stream
 
 
 def split_floats(value: Any, floats: list[float]) -> Any:
