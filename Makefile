@@ -37,7 +37,7 @@ run: install
 	$(VENV)/bin/serve run graph:app
 
 test: install
-	$(PY) -m pytest tests -v
+	$(PY) -m pytest tests -v --durations=30
 
 test-unit: install
 	$(PY) -m pytest tests/unit -v

@@ -65,6 +65,7 @@ from deployments.vllm_adapter.internals import (
     live_request_ids,
 )
 from deployments.vllm_adapter.serve_logging import serve_log_kept
+from deployments.vllm_adapter.worker_fork import remember_worker_start
 
 # Takes the namespace `vllm serve` would parse (vllm_args.serve_namespace).
 EngineFactory = Callable[[argparse.Namespace], Awaitable[Any]]
@@ -135,6 +136,7 @@ class Generate(ChannelSource):
             role="generate",
             kv_events=None if endpoint is None else kv_events_config(endpoint),
         )
+        remember_worker_start()  # the engine's worker is forked (worker_fork.py)
         with serve_log_kept():
             self._engine = await engine_factory(args)
         # Each call's cleanup ends only the engine requests it opened (engine_calls.py).

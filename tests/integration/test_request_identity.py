@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -69,26 +70,35 @@ def _long(
     return path, body, headers
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_request_that_ends_leaves_another_with_its_id_running(
-    client: httpx.Client, kind: str
-) -> None:
-    shared = f"shared-{kind}-{uuid.uuid4().hex[:8]}"
-    path, body, headers = _long(kind, client, shared)
-    first = Stream(str(client.base_url), path, body, headers)
-    first.start()
-    assert first.wait_first(60) and first.error is None, first.error
-    # Another client's request with the same id, finished and refused, while the first runs.
-    short = client.post(path, json=_short(kind, body), headers=headers)
-    assert short.status_code == 200, short.text
-    refused = client.post(path, json=_refused(kind, body), headers=headers)
-    assert refused.status_code == 404, refused.text
-    first.join(120)
-    assert first.error is None, first.error
-    assert first.events[-1] == "[DONE]"
-    # Not cut short by the other's end: it ran to its length.
-    assert first.finish_reasons() == ["length"], (shared, first.events[-3:])
-    assert first.token_count() == TOKENS
+def test_a_request_that_ends_leaves_another_with_its_id_running(client: httpx.Client) -> None:
+    """Per kind (all side by side, each with its own id): while the first request runs,
+    another client's with the same id finishes and a third is refused; the first runs
+    on to its length."""
+    firsts: dict[str, tuple[Stream, str, dict[str, Any], dict[str, str]]] = {}
+    for kind in KINDS:
+        path, body, headers = _long(kind, client, f"shared-{kind}-{uuid.uuid4().hex[:8]}")
+        firsts[kind] = (Stream(str(client.base_url), path, body, headers), path, body, headers)
+        firsts[kind][0].start()
+
+    def others(kind: str) -> None:
+        first, path, body, headers = firsts[kind]
+        assert first.wait_first(60) and first.error is None, (kind, first.error)
+        # Another client's request with the same id, finished and refused, while the first runs.
+        short = client.post(path, json=_short(kind, body), headers=headers)
+        assert short.status_code == 200, (kind, short.text)
+        refused = client.post(path, json=_refused(kind, body), headers=headers)
+        assert refused.status_code == 404, (kind, refused.text)
+        assert not first.ended_at, f"{kind}: the first ended before the others were done"
+
+    with ThreadPoolExecutor(len(KINDS)) as pool:
+        list(pool.map(others, KINDS))
+    for kind, (first, *_) in firsts.items():
+        first.join(120)
+        assert first.error is None, (kind, first.error)
+        assert first.events[-1] == "[DONE]", kind
+        # Not cut short by the other's end: it ran to its length.
+        assert first.finish_reasons() == ["length"], (kind, first.events[-3:])
+        assert first.token_count() == TOKENS, kind
     wait_idle(client, within_s=HANG_GUARD_S)
 
 
