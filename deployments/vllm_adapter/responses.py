@@ -129,16 +129,10 @@ class ResponsesConversion:
         outputs: AsyncIterator[RequestOutput],
     ) -> ResponsesResponse | ErrorResponse:
         """The unary answer once ``outputs`` end (an engine error is vLLM's 500)."""
+        arguments = self._arguments(request, params, model_name, context, outputs)
         try:
             return await self._responses.responses_full_generator(
-                request,
-                params,
-                _appended(context, outputs),
-                context,
-                model_name,
-                self._tokenizer,
-                RequestResponseMetadata(request_id=request.request_id),
-                created_time=int(time.time()),
+                *arguments, created_time=int(time.time())
             )
         except (GenerationError, StreamFailed):
             # As vLLM's server answers the GenerationError its generator raises.
@@ -156,7 +150,33 @@ class ResponsesConversion:
         outputs: AsyncIterator[RequestOutput],
     ) -> AsyncGenerator[str, None]:
         """The stream, each event written as vLLM's ``/v1/responses`` writes it."""
+        arguments = self._arguments(request, params, model_name, context, outputs)
         events = self._responses.responses_stream_generator(
+            *arguments, created_time=int(time.time())
+        )
+        async for event in events:
+            yield responses_event(event)
+
+    def _arguments(
+        self,
+        request: ResponsesRequest,
+        params: SamplingParams,
+        model_name: str,
+        context: SimpleContext,
+        outputs: AsyncIterator[RequestOutput],
+    ) -> tuple[
+        ResponsesRequest,
+        SamplingParams,
+        AsyncIterator[SimpleContext],
+        SimpleContext,
+        str,
+        TokenizerLike,
+        RequestResponseMetadata,
+    ]:
+        """What both of vLLM's generators take, in their order: the request, its
+        sampling params, the context after each output, the context, the model name,
+        the tokenizer, the request's metadata."""
+        return (
             request,
             params,
             _appended(context, outputs),
@@ -164,10 +184,7 @@ class ResponsesConversion:
             model_name,
             self._tokenizer,
             RequestResponseMetadata(request_id=request.request_id),
-            created_time=int(time.time()),
         )
-        async for event in events:
-            yield responses_event(event)
 
 
 class StreamFailed(Exception):
