@@ -67,7 +67,7 @@ class ResponsesOutput:
             job.generate_request.sampling_params,
             job.model_name,
             self._conversion.context(request, job.generate_request.token_ids),
-            self._outputs(job, _one(chunk)),
+            self._outputs(job, _one(chunk), per_token=False),
         )
         if isinstance(answer, ResponsesResponse):
             return Reply(HTTPStatus.OK.value, answer.model_dump(mode="json", by_alias=True))
@@ -83,7 +83,7 @@ class ResponsesOutput:
             job.generate_request.sampling_params,
             job.model_name,
             self._conversion.context(request, job.generate_request.token_ids),
-            self._outputs(job, _chunks(source)),
+            self._outputs(job, _chunks(source), per_token=True),
         )
         written = 0
         try:
@@ -94,44 +94,60 @@ class ResponsesOutput:
             yield responses_error_event(failed.error, written)
 
     async def _outputs(
-        self, job: TextJob, chunks: AsyncIterator[GenerateTokensStreamResponse]
+        self,
+        job: TextJob,
+        chunks: AsyncIterator[GenerateTokensStreamResponse],
+        per_token: bool,
     ) -> AsyncGenerator[RequestOutput, None]:
-        """Each chunk as the ``RequestOutput`` (delta) vLLM's engine would have made."""
+        """Each chunk as the ``RequestOutput`` (delta) vLLM's engine would have made: a
+        stream's one per token (``per_token``, see ``_per_token``), a unary answer's one
+        for all (vLLM's final-only output)."""
         prompt = job.generate_request.token_ids
         text = CompletionStreamDerenderer(
             self._derenderer, _text_request(job), prompt, job.model_name
         )
         include_stop = job.generate_request.sampling_params.include_stop_str_in_output
         context: list[int] = []  # sampled ids so far: logprob decoding's context
-        async for chunk in chunks:
-            if not chunk.choices:
-                continue
-            choice = chunk.choices[0]
-            token_ids = list(choice.token_ids or [])
-            derendered = await text.feed(_without_stop_token(chunk, include_stop))
-            logprobs = None
-            if choice.logprobs is not None:
-                logprobs = self._sample_logprobs(choice.logprobs, context)
-            context.extend(token_ids)
-            yield RequestOutput(
-                request_id=job.generate_request.request_id,
-                prompt=None,
-                prompt_token_ids=prompt,
-                prompt_logprobs=None,
-                outputs=[
-                    CompletionOutput(
-                        index=0,
-                        text=derendered.choices[0].text if derendered.choices else "",
-                        token_ids=token_ids,
-                        cumulative_logprob=None,
-                        logprobs=logprobs,
-                        finish_reason=choice.finish_reason,
-                        stop_reason=choice.stop_reason,
-                    )
-                ],
-                finished=choice.finish_reason is not None,
-                num_cached_tokens=_cached_tokens(chunk.usage),
-            )
+        async for whole in chunks:
+            for chunk in _per_token(whole) if per_token else [whole]:
+                yield await self._output(job, text, chunk, include_stop, context)
+
+    async def _output(
+        self,
+        job: TextJob,
+        text: CompletionStreamDerenderer,
+        chunk: GenerateTokensStreamResponse,
+        include_stop: bool,
+        context: list[int],
+    ) -> RequestOutput:
+        """One token's ``RequestOutput`` (``context``: the sampled ids before it)."""
+        prompt = job.generate_request.token_ids
+        choice = chunk.choices[0]
+        token_ids = list(choice.token_ids or [])
+        derendered = await text.feed(_without_stop_token(chunk, include_stop))
+        logprobs = None
+        if choice.logprobs is not None:
+            logprobs = self._sample_logprobs(choice.logprobs, context)
+        context.extend(token_ids)
+        return RequestOutput(
+            request_id=job.generate_request.request_id,
+            prompt=None,
+            prompt_token_ids=prompt,
+            prompt_logprobs=None,
+            outputs=[
+                CompletionOutput(
+                    index=0,
+                    text=derendered.choices[0].text if derendered.choices else "",
+                    token_ids=token_ids,
+                    cumulative_logprob=None,
+                    logprobs=logprobs,
+                    finish_reason=choice.finish_reason,
+                    stop_reason=choice.stop_reason,
+                )
+            ],
+            finished=choice.finish_reason is not None,
+            num_cached_tokens=_cached_tokens(chunk.usage),
+        )
 
     def _sample_logprobs(
         self, logprobs: GenerateLogProbs, context: list[int]
@@ -180,6 +196,39 @@ def _without_stop_token(
 def _cached_tokens(usage: UsageInfo | None) -> int | None:
     details = usage.prompt_tokens_details if usage is not None else None
     return details.cached_tokens if details is not None else None
+
+
+def _per_token(chunk: GenerateTokensStreamResponse) -> list[GenerateTokensStreamResponse]:
+    """The chunk as one chunk per token, as vLLM's engine hands its server its outputs
+    (at its default stream interval): vLLM's Responses parser reads one delta per
+    output, and what it makes of a delta, the logprobs it attaches included, depends
+    on where deltas are cut (a ``</think>`` alone in a delta yields nothing, and its
+    logprobs are dropped). The finish goes with the last token; a chunk without
+    choices (usage) is skipped."""
+    if not chunk.choices:
+        return []
+    choice = chunk.choices[0]
+    token_ids = list(choice.token_ids or [])
+    if len(token_ids) <= 1:
+        return [chunk]
+    content = choice.logprobs.content if choice.logprobs is not None else None
+    parts = []
+    for i, token in enumerate(token_ids):
+        last = i == len(token_ids) - 1
+        part = choice.model_copy(
+            update={
+                "token_ids": [token],
+                "finish_reason": choice.finish_reason if last else None,
+                "stop_reason": choice.stop_reason if last else None,
+                "logprobs": None
+                if content is None
+                else GenerateLogProbs(content=content[i : i + 1]),
+            }
+        )
+        parts.append(
+            chunk.model_copy(update={"choices": [part], "usage": chunk.usage if last else None})
+        )
+    return parts
 
 
 async def _one(

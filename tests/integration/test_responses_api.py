@@ -5,11 +5,9 @@ The tier that makes the text rebuilds the engine's outputs from the token stream
 runs vLLM's own Responses generators over them. What differs by nature is normalised
 away: ids (random per answer), ``created_at``, the cached prompt tokens (each engine's
 cache has its own history), logprob floats (compared within a tolerance), and how a
-stream's deltas are chunked (engine timing there, coalescing here). The shapes avoid
-answers in which the tiny model repeats ``</think>`` after its reasoning: vLLM's
-qwen3 parser drops such a marker when it arrives alone in a delta and keeps it
-otherwise, so vLLM's own stream and unary answer differ there, and a stream's text
-follows its chunking (docs/api.md).
+stream's deltas are chunked (engine timing there, coalescing here; the graph hands
+vLLM's generators one output per token, as vLLM's engine hands them, so what vLLM's
+parser makes of each delta is the same).
 """
 
 from __future__ import annotations
@@ -36,6 +34,9 @@ def ask(text: str, **extra: Any) -> dict[str, Any]:
 
 SHAPES = {
     "hi": ask("hi"),
+    # The tiny model repeats </think> after its reasoning here: vLLM's stream drops a
+    # </think> that arrives alone in a delta, and its logprobs with it.
+    "think-end-repeated": ask("hi", instructions="You are helpful."),
     "reasoning": ask("think: what is 2 plus 3?"),
     "tools": ask("What is the weather in Paris?", tools=TOOLS),
     "reasoning+tool": ask("think: do I need an umbrella in Oslo?", tools=TOOLS),
