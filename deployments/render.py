@@ -11,7 +11,7 @@ in ``deployments/declarations/render.py``.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import TypeAdapter
 from starlette.datastructures import State
@@ -45,6 +45,7 @@ from deployments.vllm_adapter.engine_args import serve_namespace
 from deployments.vllm_adapter.internals import APP_STATE_NAMES, checked_app_state
 from deployments.vllm_adapter.responses import ResponsesAdmission
 
+T = TypeVar("T")
 # ``/tokenize`` takes a prompt or chat messages: vLLM's union of the two.
 _TOKENIZE = TypeAdapter(TokenizeRequest)
 
@@ -88,16 +89,10 @@ class Render:
         self._responses = ResponsesAdmission(self._state.serving_render.model_config)
 
     async def _chat(self, request: ChatCompletionRequest) -> GenerateRequest:
-        rendered = await self._state.serving_render.render_chat_request(request)
-        if isinstance(rendered, ErrorResponse):
-            raise Refusal(reply_of(rendered))
-        return rendered
+        return _accepted(await self._state.serving_render.render_chat_request(request))
 
     async def _completion(self, request: CompletionRequest) -> list[GenerateRequest]:
-        rendered = await self._state.serving_render.render_completion_request(request)
-        if isinstance(rendered, ErrorResponse):
-            raise Refusal(reply_of(rendered))
-        return rendered
+        return _accepted(await self._state.serving_render.render_completion_request(request))
 
     @answers_ingress
     async def chat_text(self, body: bytes, header_id: str | None) -> RenderedText:
@@ -169,10 +164,7 @@ class Render:
         return rendered_json(await self._chat(request))
 
     async def _responses_request(self, request: ResponsesRequest) -> GenerateRequest:
-        rendered = await self._state.serving_render.render_responses_request(request)
-        if isinstance(rendered, ErrorResponse):
-            raise Refusal(reply_of(rendered))
-        return rendered
+        return _accepted(await self._state.serving_render.render_responses_request(request))
 
     @answers_ingress
     async def responses_text(self, body: bytes) -> RenderedText:
@@ -248,6 +240,13 @@ class Render:
         """Serve's health probe: the renderer must exist."""
         if getattr(self._state, "serving_render", None) is None:
             raise RuntimeError("render state is not initialised")
+
+
+def _accepted(rendered: T | ErrorResponse) -> T:
+    """vLLM's render result, or its error value raised as the refusal the Ingress maps."""
+    if isinstance(rendered, ErrorResponse):
+        raise Refusal(reply_of(rendered))
+    return rendered
 
 
 def rendered_json(rendered: GenerateRequest) -> dict[str, Any]:
