@@ -90,8 +90,6 @@ class PrefixRouter(PinnedRouter):
         default = await super().choose_replicas(candidate_replicas, pending_request)
         if pending_request is None or pending_request.kwargs.get("replica") is not None:
             return default
-        if len(candidate_replicas) < 2:
-            return default
         ranked = self._by_prefix(candidate_replicas, pending_request)
         return [ranked, *default] if ranked else default
 
@@ -107,10 +105,14 @@ class PrefixRouter(PinnedRouter):
         keys = keying.keys(token_ids, cache_salt)
         if not keys:
             return []
+        # Remembered even with one candidate: a replica this router has not heard
+        # of yet (one just started) is no reason to forget where a conversation went.
         request_id = pending.metadata.internal_request_id
         self._pending_keys[request_id] = keys
         while len(self._pending_keys) > _PENDING_KEYS_MAX:
             self._pending_keys.popitem(last=False)
+        if len(candidates) < 2:
+            return []
         now = time.monotonic()
         match = {r: self._leading_held(r.replica_id, keys, now) for r in candidates}
         loads = {r: self._queue_len(r) for r in candidates}

@@ -26,10 +26,13 @@ from tests.integration.test_failure_semantics import (
     wait_idle,
 )
 
-# Paced (bench/harness/paced_decode.py): at least TOKENS x PACE_MS (3 s) on any host,
-# long enough for a second request to start and finish beside the first.
-TOKENS = 300
-PACE_MS = 10
+# Paced (bench/harness/paced_decode.py): the first request could run 80 s; it is
+# ended by an explicit abort once it has streamed on past the others' ends, so no
+# host is too slow for the others to finish beside it.
+TOKENS = 4000
+PACE_MS = 20
+# Events the first must still stream after the others ended (and cleaned up).
+STREAMS_ON = 25
 KINDS = ["tokens", "derender", "inline", "tier", "inline-header"]
 
 
@@ -72,8 +75,8 @@ def _long(
 
 def test_a_request_that_ends_leaves_another_with_its_id_running(client: httpx.Client) -> None:
     """Per kind (all side by side, each with its own id): while the first request runs,
-    another client's with the same id finishes and a third is refused; the first runs
-    on to its length."""
+    another client's with the same id finishes and a third is refused; the first
+    streams on after both, until an abort by its id ends it."""
     firsts: dict[str, tuple[Stream, str, dict[str, Any], dict[str, str]]] = {}
     for kind in KINDS:
         path, body, headers = _long(kind, client, f"shared-{kind}-{uuid.uuid4().hex[:8]}")
@@ -88,7 +91,15 @@ def test_a_request_that_ends_leaves_another_with_its_id_running(client: httpx.Cl
         assert short.status_code == 200, (kind, short.text)
         refused = client.post(path, json=_refused(kind, body), headers=headers)
         assert refused.status_code == 404, (kind, refused.text)
-        assert not first.ended_at, f"{kind}: the first ended before the others were done"
+        # The others' ends (and their cleanup) left the first running: it streams on.
+        seen = len(first.events)
+        deadline = time.monotonic() + 60
+        while len(first.events) < seen + STREAMS_ON and not first.ended_at:
+            assert time.monotonic() < deadline, f"{kind}: the first stopped streaming"
+            time.sleep(0.05)
+        assert not first.ended_at, (kind, first.finish_reasons(), first.events[-2:])
+        abort = {"request_ids": [first.stream_id]}
+        assert client.post("/inference/v1/abort_requests", json=abort).status_code == 200
 
     with ThreadPoolExecutor(len(KINDS)) as pool:
         list(pool.map(others, KINDS))
@@ -96,9 +107,9 @@ def test_a_request_that_ends_leaves_another_with_its_id_running(client: httpx.Cl
         first.join(120)
         assert first.error is None, (kind, first.error)
         assert first.events[-1] == "[DONE]", kind
-        # Not cut short by the other's end: it ran to its length.
-        assert first.finish_reasons() == ["length"], (kind, first.events[-3:])
-        assert first.token_count() == TOKENS, kind
+        # Ended by the abort, not by another request's end: it streamed on after those.
+        assert first.finish_reasons() == ["abort"], (kind, first.events[-3:])
+        assert 0 < first.token_count() < TOKENS, kind
     wait_idle(client, within_s=HANG_GUARD_S)
 
 
@@ -106,7 +117,6 @@ def test_a_request_that_ends_leaves_another_with_its_id_running(client: httpx.Cl
 def test_an_abort_by_id_ends_every_request_with_that_id(client: httpx.Client, kind: str) -> None:
     shared = f"both-{kind}-{uuid.uuid4().hex[:8]}"
     path, body, headers = _long(kind, client, shared)
-    body = {**body, **_paced_long(kind, body)}
     streams = [Stream(str(client.base_url), path, body, headers) for _ in range(2)]
     for stream in streams:
         stream.start()
@@ -122,15 +132,6 @@ def test_an_abort_by_id_ends_every_request_with_that_id(client: httpx.Client, ki
         assert stream.error is None, stream.error
         assert stream.finish_reasons() == ["abort"], stream.events[-3:]
     wait_idle(client, within_s=HANG_GUARD_S)
-
-
-def _paced_long(kind: str, body: dict[str, Any]) -> dict[str, Any]:
-    """Long enough (80 s) that only the abort can end it within the test's guard."""
-    if kind.startswith("tokens"):
-        params = {**body["sampling_params"], "max_tokens": 4000}
-        params["extra_args"] = {**params.get("extra_args", {}), "pace_ms": 20}
-        return {"sampling_params": params}
-    return {"max_tokens": 4000, "vllm_xargs": {"pace_ms": 20}}
 
 
 def test_abort_answer_says_nothing_of_what_was_held(client: httpx.Client) -> None:

@@ -7,10 +7,13 @@ two-replica graph in ``tests/integration/test_prefix_routing.py``.
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
+from typing import Any
 
 import msgspec
 import pytest
+from ray.serve.request_router import PendingRequest, ReplicaID
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 from deployments.config.graph_config import GenerateOptions, GraphConfig
@@ -21,8 +24,8 @@ from deployments.routing.block_keys import (
     engine_keying,
     event_key,
 )
-from deployments.routing.engine_blocks import EngineBlocks
-from deployments.routing.prefix_router import _Held, common_keying, prefix_choice
+from deployments.routing.engine_blocks import ROUTING_STATS_KEY, EngineBlocks
+from deployments.routing.prefix_router import PrefixRouter, _Held, common_keying, prefix_choice
 
 KEYING = BlockKeying(block_size=4, hash_algo="sha256", seed="vllm-none-hash")
 
@@ -154,3 +157,53 @@ def test_bad_routing_options_name_the_key() -> None:
         GraphConfig.from_args({"generate.routing": "random"})
     with pytest.raises(ValueError, match="min_match_ratio"):
         GraphConfig.from_args({"generate.prefix_routing.min_match_ratio": "2"})
+
+
+class _Replica:
+    """What a router reads of Serve's ``RunningReplica`` (which needs a live actor)."""
+
+    def __init__(self, unique_id: str, stats: dict[str, Any]):
+        from ray.serve._private.common import DeploymentID
+
+        self.replica_id = ReplicaID(unique_id, DeploymentID(name="Generate", app_name="default"))
+        self.routing_stats = stats
+        self.node_id, self.availability_zone = "node", None
+        self.multiplexed_model_ids: set[str] = set()
+        self.max_ongoing_requests = 256
+
+    async def get_queue_len(self, *, deadline_s: float) -> int:
+        return 0
+
+
+def _call(request_id: str, token_ids: list[int]) -> PendingRequest:
+    metadata = SimpleNamespace(internal_request_id=request_id, request_id=request_id)
+    return PendingRequest(args=[{"token_ids": token_ids}], kwargs={}, metadata=metadata)  # type: ignore[arg-type]
+
+
+def test_a_turn_routed_while_the_router_knew_one_replica_is_remembered() -> None:
+    """A replica just started that this router has not heard of yet: the first turn
+    of a conversation goes to the one it knows, and once it knows both, the next
+    turn follows the first there, before that engine has reported what it holds."""
+
+    async def scenario() -> list[list[Any]]:
+        from ray.serve._private.common import DeploymentHandleSource, DeploymentID
+
+        # Serve's RequestRouter takes these two as a handle builds it (its own tests do so).
+        router = PrefixRouter(
+            deployment_id=DeploymentID(name="Generate", app_name="default"),
+            handle_source=DeploymentHandleSource.UNKNOWN,
+        )
+        router.initialize_state(imbalance=8, min_match_ratio=0.1, sent_ttl_s=60.0)
+        reported = {ROUTING_STATS_KEY: EngineBlocks(KEYING).routing_stats()}  # holds nothing
+        old, new = _Replica("old", reported), _Replica("new", {})
+        router.update_replicas([old])  # type: ignore[list-item]
+        first_turn = list(range(40))
+        first = _call("turn-1", first_turn)
+        assert await router.choose_replicas([old], first) != []  # type: ignore[list-item]
+        router.on_request_routed(first, old.replica_id, None)
+        router.update_replicas([old, new])  # type: ignore[list-item]
+        second = _call("turn-2", [*first_turn, *range(100, 120)])
+        return await router.choose_replicas([old, new], second)  # type: ignore[list-item]
+
+    ranks = asyncio.run(scenario())
+    assert [r.replica_id.unique_id for r in ranks[0]] == ["old"], ranks
