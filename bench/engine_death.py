@@ -18,6 +18,13 @@ and every Generate replica is back. Reported, in seconds after the kill:
 and how many answers were not 200 (by status, and whether they carried
 ``Retry-After``), and how long the slowest of them took: a request that waits
 for a replica to start shows here.
+
+Before each kill, ``--streams`` greedy tier chat streams (``--stream-tokens``
+tokens each, engine steps paced at 10 ms so they are still running) start and
+deliver a first token; they are spread over the replicas by Serve's router.
+After the run, each is counted as completed (its whole length, no error event)
+or failed: a stream on the killed engine moves to a live replica
+(docs/engine-death.md#streams-that-move), or fails when none is live.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import httpx
 import psutil
 
 from bench.harness.servers import TINY_MODEL, running_graph
+from bench.harness.sse_reader import Stream
 from bench.metrics import running_requests
 
 KEPT = "<!-- notes below are kept when the command rewrites this file -->"
@@ -51,6 +59,8 @@ class Outcome:
     all_back_s: float | None = None
     failures: list[tuple[float, int, bool, float]] = field(default_factory=list)
     """(seconds after the kill, status, had Retry-After, seconds it took) of each non-200."""
+    streams_completed: int = 0
+    streams_failed: int = 0
 
 
 def replica_processes(app: str, deployment: str) -> list[psutil.Process]:
@@ -74,7 +84,38 @@ def engine_core(replica_pid: int) -> psutil.Process:
     raise RuntimeError(f"no EngineCore under replica {replica_pid}")
 
 
-def measure(replicas: int, runs: int, after: int, limit_s: float) -> list[Outcome]:
+STREAM_PACE_MS = 10
+
+
+def tier_stream(base_url: str, seed: int, tokens: int) -> Stream:
+    """A greedy tier chat stream of ``tokens`` tokens, paced; a prompt of its own."""
+    body = {
+        "model": str(TINY_MODEL),
+        "messages": [{"role": "user", "content": f"Stream {seed}: count on, one word at a time."}],
+        "max_tokens": tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "vllm_xargs": {"pace_ms": STREAM_PACE_MS},
+    }
+    return Stream(base_url, "/v1/chat/completions", body, {"X-Text-Placement": "tier"})
+
+
+def stream_completed(stream: Stream, tokens: int) -> bool:
+    """The stream ended as an uninterrupted one: no error event, its whole length."""
+    errors = [e for e in stream.events if isinstance(e, dict) and "error" in e]
+    return (
+        stream.error is None
+        and not errors
+        and stream.finish_reasons() == ["length"]
+        and stream.token_count() == tokens
+    )
+
+
+def measure(
+    replicas: int, runs: int, after: int, limit_s: float, streams: int = 0, stream_tokens: int = 0
+) -> list[Outcome]:
     """``runs`` engine deaths, one after another, on one graph of ``replicas`` Generate replicas."""
     args: dict[str, Any] = {
         "model": str(TINY_MODEL),
@@ -84,6 +125,8 @@ def measure(replicas: int, runs: int, after: int, limit_s: float) -> list[Outcom
         "derender": {"num_replicas": 1, "num_cpus": 0.1},
         # The replica to kill is named by its PID.
         "expose_replica_pid": True,
+        # The tier streams' engine steps are paced (bench/harness/paced_decode.py).
+        "logits_processors": ["bench.harness.paced_decode:PacedDecode"],
     }
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -91,9 +134,24 @@ def measure(replicas: int, runs: int, after: int, limit_s: float) -> list[Outcom
         httpx.Client(base_url=server.base_url, timeout=30) as client,
     ):
         outcomes = []
-        for _ in range(runs):
+        for run in range(runs):
             wait_all_engines(client, replicas, within_s=300)
-            outcomes.append(kill_one_engine(client, replicas, after, limit_s))
+            in_flight = [
+                tier_stream(server.base_url, run * streams + i, stream_tokens)
+                for i in range(streams)
+            ]
+            for stream in in_flight:
+                stream.start()
+            for stream in in_flight:
+                stream.wait_first(60)
+            outcome = kill_one_engine(client, replicas, after, limit_s)
+            for stream in in_flight:
+                stream.join(limit_s)
+                if stream_completed(stream, stream_tokens):
+                    outcome.streams_completed += 1
+                else:
+                    outcome.streams_failed += 1
+            outcomes.append(outcome)
         return outcomes
 
 
@@ -155,11 +213,13 @@ def report(outcomes: list[Outcome], command: str, kept: str = "") -> str:
         f"`{command}` on {platform.node()} ({psutil.cpu_count()} cores).",
         "An EngineCore process is killed with SIGKILL; one client then sends inline chats",
         "back to back (30 s timeout each). Each death waits until every engine is back",
-        "from the one before. Seconds after the kill:",
+        "from the one before. Tier chat streams were running on the replicas when the",
+        "engine died; a stream completed if it ended with its whole length and no error",
+        "event. Seconds after the kill:",
         "",
         "| Generate replicas | run | replica gone | first 200 | all back "
-        "| answers not 200 | slowest of them |",
-        "|---|---|---|---|---|---|---|",
+        "| answers not 200 | slowest of them | streams in flight | completed | failed |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     number: Counter[int] = Counter()
     for o in outcomes:
@@ -172,7 +232,9 @@ def report(outcomes: list[Outcome], command: str, kept: str = "") -> str:
         lines.append(
             f"| {o.replicas} | {number[o.replicas]} of {runs[o.replicas]} "
             f"| {s(o.replica_gone_s)} | {s(o.first_ok_s)} | {s(o.all_back_s)} "
-            f"| {len(o.failures)}{f' ({failed})' if failed else ''} | {s(slowest)} |"
+            f"| {len(o.failures)}{f' ({failed})' if failed else ''} | {s(slowest)} "
+            f"| {o.streams_completed + o.streams_failed} | {o.streams_completed} "
+            f"| {o.streams_failed} |"
         )
     lines += ["", "Status 0: the client's 30 s timeout (a request that waited)."]
     return "\n".join(lines) + "\n" + (f"\n{KEPT}\n{kept}" if kept else "")
@@ -192,14 +254,21 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="engine deaths per replica count")
     ap.add_argument("--after", type=int, default=5, help="200s in a row that end a run")
     ap.add_argument("--limit-s", type=float, default=240)
+    ap.add_argument("--streams", type=int, default=8, help="tier streams running at each kill")
+    ap.add_argument("--stream-tokens", type=int, default=500, help="tokens of each stream")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     outcomes = [
         outcome
         for n in args.replicas.split(",")
-        for outcome in measure(int(n), args.runs, args.after, args.limit_s)
+        for outcome in measure(
+            int(n), args.runs, args.after, args.limit_s, args.streams, args.stream_tokens
+        )
     ]
-    command = f"python -m bench.engine_death --replicas {args.replicas} --runs {args.runs}"
+    command = (
+        f"python -m bench.engine_death --replicas {args.replicas} --runs {args.runs} "
+        f"--streams {args.streams} --stream-tokens {args.stream_tokens}"
+    )
     text = report(outcomes, command, kept_notes(args.out) if args.out else "")
     print(text)
     if args.out:

@@ -64,6 +64,7 @@ from deployments.render import build_render_state
 from deployments.text.output import ChunkEvent, TextOutput, openai_event, tokens_request
 from deployments.text.sse import sse_event
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
+from deployments.transport.migration import migrating
 from deployments.transport.replica_assignment import wait_routed
 from deployments.transport.step_channel import ChannelSource, Outboxes, StepChannels
 from deployments.vllm_adapter.internals import client_request_id
@@ -93,11 +94,26 @@ class Derender(ChannelSource):
     async def _generate_events(
         self, request: GenerateRequest, key: str
     ) -> AsyncGenerator[Any, None]:
-        """Generate's items for ``request``: a stream's events arrive on this
-        replica's step channel to the Generate replica that took it. The call
-        is cancelled if we stop early; it carries the caller's ``key``, by which
-        the caller ends it should this replica die."""
-        call = self._generate_channels.call("generate_on_channel", request, key=key)
+        """Generate's items for ``request``, which go on on another replica if the
+        one that took it is lost (``transport/migration.py``)."""
+        items = migrating(
+            lambda current, avoid: self._generate_call(current, key, avoid),
+            request,
+            self._config.generate.migration_limit,
+        )
+        async with contextlib.aclosing(items) as moving:
+            async for item in moving:
+                yield item
+
+    async def _generate_call(
+        self, request: GenerateRequest, key: str, avoid: tuple[str, ...]
+    ) -> AsyncGenerator[Any, None]:
+        """One Generate call for ``request``, on a replica not in ``avoid``: a
+        stream's events arrive on this replica's step channel to the Generate
+        replica that took it. The call is cancelled if we stop early; it carries
+        the caller's ``key``, by which the caller ends it should this replica die."""
+        extra = {"avoid": avoid} if avoid else {}
+        call = self._generate_channels.call("generate_on_channel", request, key=key, **extra)
         try:
             if not await wait_routed(call, self._generate):
                 raise Refusal(no_live_replica("Generate"))

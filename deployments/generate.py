@@ -54,6 +54,7 @@ from deployments.text.output import TextOutput, tokens_request
 from deployments.transport.coalesce import coalesced
 from deployments.transport.concurrently import all_or_none
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
+from deployments.transport.replica_loss import EngineLostError
 from deployments.transport.step_channel import ChannelSource, Outboxes
 from deployments.vllm_adapter.engine_args import serve_namespace
 from deployments.vllm_adapter.engine_metrics import local_vllm_metrics
@@ -74,6 +75,7 @@ logger = logging.getLogger("ray.serve")
 # died lets the error items it already yielded reach their callers before it exits.
 ENGINE_WATCH_S = 0.2
 DEAD_ENGINE_EXIT_GRACE_S = 0.5
+_ERROR_EVENT = 'data: {"error"'
 
 
 async def start_vllm_engine(args: argparse.Namespace) -> Any:
@@ -175,9 +177,12 @@ class Generate(ChannelSource):
         await asyncio.sleep(DEAD_ENGINE_EXIT_GRACE_S)
         os._exit(1)
 
-    async def generate(self, body: dict[str, Any], header_id: str | None) -> AsyncIterator[Any]:
+    async def generate(
+        self, body: dict[str, Any], header_id: str | None, avoid: tuple[str, ...] = ()
+    ) -> AsyncIterator[Any]:
         """``/inference/v1/generate`` (``tokens`` and ``text``), the body as the client
-        sent it and its ``X-Request-Id``: SSE events if ``stream``, else one reply."""
+        sent it and its ``X-Request-Id``: SSE events if ``stream``, else one reply.
+        ``avoid`` is for the router (``PinnedRouter``), here as in every method below."""
         async for item in ingress_items(self._generate_body(body, header_id)):
             yield item
 
@@ -190,7 +195,7 @@ class Generate(ChannelSource):
                 yield item
 
     async def generate_on_channel(
-        self, request: GenerateRequest, caller: str, key: str
+        self, request: GenerateRequest, caller: str, key: str, avoid: tuple[str, ...] = ()
     ) -> AsyncIterator[Any]:
         """``generate`` with the stream's events on the caller's step channel."""
         async for item in self._outboxes.bind(self._generate_items(request, key=key), caller, key):
@@ -202,7 +207,7 @@ class Generate(ChannelSource):
         call = self._open(key)
         try:
             with call.opening():
-                result = await self._state.serving_tokens.serve_tokens(request)
+                result = await self._serve_tokens(request)
             if isinstance(result, (ErrorResponse, GenerateResponseBase)):
                 yield result
                 return
@@ -213,6 +218,35 @@ class Generate(ChannelSource):
                     yield event
         finally:
             await self._close(call, key)
+
+    async def _serve_tokens(
+        self, request: GenerateRequest
+    ) -> ErrorResponse | GenerateResponseBase | AsyncGenerator[str, None]:
+        """vLLM's ``serve_tokens``, but a call its engine's death ends raises
+        ``EngineLostError`` (its callers may make it again on another replica,
+        ``transport/migration.py``) instead of answering vLLM's error for it."""
+        try:
+            result = await self._state.serving_tokens.serve_tokens(request)
+        except Exception as exc:
+            self._raise_if_engine_lost(exc)
+            raise
+        if isinstance(result, ErrorResponse):
+            self._raise_if_engine_lost()
+        if isinstance(result, (ErrorResponse, GenerateResponseBase)):
+            return result
+        return self._engine_events(result)
+
+    async def _engine_events(self, events: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
+        async with contextlib.aclosing(events):
+            async for event in events:
+                # vLLM ends a stream its engine failed with an error event.
+                if event.startswith(_ERROR_EVENT):
+                    self._raise_if_engine_lost()
+                yield event
+
+    def _raise_if_engine_lost(self, error: BaseException | None = None) -> None:
+        if self._engine.errored:
+            raise EngineLostError(self._replica) from error
 
     def _open(self, key: str | None) -> EngineCall:
         call = EngineCall()
@@ -228,7 +262,7 @@ class Generate(ChannelSource):
             del self._calls[key]
         await call.close()
 
-    async def text(self, rendered: RenderedText) -> AsyncIterator[Any]:
+    async def text(self, rendered: RenderedText, avoid: tuple[str, ...] = ()) -> AsyncIterator[Any]:
         """Inline text placement: OpenAI chat/completion output next to the engine."""
         async for item in ingress_items(self._text_items(rendered)):
             yield item
@@ -242,7 +276,8 @@ class Generate(ChannelSource):
         job = rendered.open()
         yield served_by("inline", with_pid=self._config.expose_replica_pid)
         stream = bool(job.generate_request.stream)
-        serve = self._state.serving_tokens.serve_tokens
+        # Tokens are asked for (tokens_request): a unary result is a tokens response.
+        serve: Callable[[GenerateRequest], Awaitable[Any]] = self._serve_tokens
         call = self._open(None)
         try:
             if job.batch is None:

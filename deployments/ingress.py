@@ -76,6 +76,11 @@ def _header_id(raw: Request) -> str | None:
     return raw.headers.get(REQUEST_ID_HEADER)
 
 
+def _avoiding(avoid: tuple[str, ...]) -> dict[str, Any]:
+    """A Generate call's routing hint (``PinnedRouter``): the replicas to keep away from."""
+    return {"avoid": avoid} if avoid else {}
+
+
 # What a route calls is defined above this line: ``serve.ingress`` freezes the app
 # here (a cloudpickle copy), and the routes, not yet importable by name, are copied
 # by value with the module's globals as they are now.
@@ -270,10 +275,11 @@ class Ingress:
             # The Ingress's own call: ending it (client gone, failure) cancels it there.
             header_id = _header_id(raw)
             return await respond(
-                lambda: self._generate.generate.remote(data, header_id), self._generate
+                lambda avoid: self._generate.generate.remote(data, header_id, **_avoiding(avoid)),
+                self._generate,
             )
         return await respond(
-            lambda: self._derender_channels.call(
+            lambda _: self._derender_channels.call(
                 "generate_derender_on_channel", data, context_data, _header_id(raw)
             ),
             self._derender,
@@ -327,13 +333,13 @@ class Ingress:
         headers = {PLACEMENT_HEADER: placement}
         if placement == "inline":
             return await respond(
-                lambda: self._generate.text.remote(rendered),
+                lambda avoid: self._generate.text.remote(rendered, **_avoiding(avoid)),
                 self._generate,
                 headers,
                 stream_error=stream_error,
             )
         return await respond(
-            lambda: self._derender_channels.call("text_on_channel", rendered),
+            lambda _: self._derender_channels.call("text_on_channel", rendered),
             self._derender,
             headers,
             on_failure=self._end_later,

@@ -175,6 +175,14 @@ class GenerateOptions(DeploymentOptions):
         "threads float over every core (VLLM_CPU_OMP_THREADS_BIND, default nobind).",
     )
 
+    migration_limit: int = Field(
+        3,
+        ge=0,
+        description="A stream whose Generate replica or engine is lost goes on on another "
+        "replica, from the tokens it delivered, at most this many times (tier text and "
+        "`output_mode: derender`); 0: it ends with an error event.",
+    )
+
     def routing_policy(self, class_default_replicas: int = 1) -> Literal["prefix", "pow2"]:
         if self.routing is not None:
             return self.routing

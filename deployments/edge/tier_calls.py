@@ -20,7 +20,6 @@ from typing import Any
 
 import grpc
 from fastapi.responses import Response, StreamingResponse
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
@@ -35,6 +34,7 @@ from deployments.edge.errors import (
 from deployments.messages.replies import Reply, ServedBy, error_reply
 from deployments.text.sse import DONE, responses_error_event, sse_data
 from deployments.transport.replica_assignment import wait_routed
+from deployments.transport.replica_loss import callee_lost, lost_engine_replica, raised_in_tier
 
 logger = logging.getLogger("ray.serve")
 
@@ -46,13 +46,13 @@ RETRIES_ON_REPLICA_LOSS = 2
 
 
 async def respond(
-    start: Callable[[], Any],
+    start: Callable[[tuple[str, ...]], Any],
     via: DeploymentHandle[Any],
     headers: dict[str, str] | None = None,
     on_failure: Callable[[Any], None] | None = None,
     stream_error: Callable[[Reply], list[str]] | None = None,
 ) -> Response:
-    """One streamed handle call, made through ``via`` by ``start()``, → HTTP.
+    """One streamed handle call, made through ``via`` by ``start(avoid)``, → HTTP.
 
     A call that no replica of ``via`` can take (none is running) is a 503 at
     once rather than a wait in Serve's router (``routable.wait_routed``).
@@ -60,10 +60,12 @@ async def respond(
     comes first (bad input, overload) is a real 4xx/5xx, not a 200 with a
     cut-off body. A unary call yields exactly one item.
 
-    A call whose replica is lost before its first item (``replica_lost``) has
+    A call whose replica (or engine) is lost before its first item (``callee_lost``) has
     sent the client nothing, so it is made again, ``RETRIES_ON_REPLICA_LOSS``
     times at most: a node that dies takes a while to be noticed, and requests
-    that Serve sent to its replicas meanwhile would otherwise all fail.
+    that Serve sent to its replicas meanwhile would otherwise all fail. ``avoid``
+    names the Generate replicas whose engine died under an earlier try (their
+    actors linger a moment, listed by Serve's router); ``start`` tells the router.
 
     ``on_failure(call)`` runs when a tier fails under a call (not for overload
     or bad input): a replica that died mid-stream cannot cancel the calls it
@@ -73,8 +75,9 @@ async def respond(
     by default vLLM's OpenAI error event and ``[DONE]`` (``openai_stream_error``).
     """
     retries = RETRIES_ON_REPLICA_LOSS
+    avoid: tuple[str, ...] = ()
     while True:
-        items = start()
+        items = start(avoid)
         if not await wait_routed(items, via):
             _cancel(items)
             return to_http(no_live_replica(via.deployment_name))
@@ -88,8 +91,10 @@ async def respond(
             error = failure_error(exc)
             if on_failure is not None and _tier_failed(exc, error):
                 on_failure(items)
-            if retries > 0 and replica_lost(exc):
+            if retries > 0 and callee_lost(exc):
                 retries -= 1
+                dead = lost_engine_replica(exc)
+                avoid = avoid if dead is None else (*avoid, dead)
                 logger.warning("%s replica lost before the first item (%r): calling again",
                                via.deployment_name, exc)  # fmt: skip
                 continue
@@ -146,12 +151,6 @@ async def _first_item(items: Any) -> tuple[Any, ServedBy | None]:
     return await anext(items), first
 
 
-def replica_lost(exc: Exception) -> bool:
-    """The call failed because the replica that took it (or one it called) died or
-    cannot be reached: Serve's router has already taken it out of rotation."""
-    return isinstance(raised_in_tier(exc), (ActorDiedError, ActorUnavailableError))
-
-
 async def call(response: Any, via: DeploymentHandle[Any]) -> Any:
     """The answer of a unary call made through ``via`` (a ``Reply``'s body, or a value
     that is not a reply); an error value it returned, or its failure, is raised as
@@ -168,16 +167,6 @@ async def call(response: Any, via: DeploymentHandle[Any]) -> Any:
             raise Refusal(answer)
         return answer.body
     return answer
-
-
-def raised_in_tier(exc: Exception) -> Exception:
-    """What the tier raised under a failed call.
-
-    Over the object store, Ray wraps it in a ``RayTaskError`` that holds it as
-    ``cause``; over Serve's gRPC data plane it arrives as itself.
-    """
-    cause = getattr(exc, "cause", None)
-    return cause if isinstance(exc, RayTaskError) and isinstance(cause, Exception) else exc
 
 
 def failure_error(exc: Exception) -> Reply:

@@ -36,11 +36,26 @@ class PinnedRouter(LocalityMixin, RequestRouter):
         if pinned is not None:
             named = [r for r in candidate_replicas if r.replica_id.unique_id == pinned]
             return [named] if named else [candidate_replicas]
+        candidate_replicas = without_avoided(candidate_replicas, pending_request)
         # Serve's default: two random replicas (same node first); the router
         # probes both and sends to the shorter queue.
         local = self.apply_locality_routing(pending_request)
         pool = [r for r in candidate_replicas if r.replica_id in local] or candidate_replicas
         return [random.sample(pool, min(2, len(pool)))]
+
+
+def without_avoided(
+    candidates: list[RunningReplica], pending: PendingRequest | None
+) -> list[RunningReplica]:
+    """The candidates but those the call asks to avoid (``avoid=(<unique id>, ...)``,
+    a keyword argument the method also receives): replicas whose engine died under
+    the call's stream, which Serve still lists until their actor is gone. All of
+    them if that would leave none."""
+    avoid: Any = () if pending is None else pending.kwargs.get("avoid") or ()
+    if not avoid:
+        return candidates
+    kept = [r for r in candidates if r.replica_id.unique_id not in avoid]
+    return kept or candidates
 
 
 # Ray 2.60 annotates RequestRouterConfig's **kwargs as dict values; the field takes a class.

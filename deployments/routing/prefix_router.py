@@ -23,7 +23,8 @@ queue is longer than the shortest by more than ``imbalance`` requests, which
 also falls back to power of two. Serve then picks the shortest queue in the
 first rank that has room, and falls through to the next rank if none has.
 
-Pinned calls (step channels) go where they name, as in ``PinnedRouter``. A
+Pinned calls (step channels) go where they name, and replicas a call asks to
+avoid are left out, as in ``PinnedRouter``. A
 replica that leaves the router's list is forgotten with everything it held;
 a new one starts with nothing.
 """
@@ -41,7 +42,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RunningReplica
 from deployments.messages.replies import RenderedText
 from deployments.routing.block_keys import BlockKeying
 from deployments.routing.engine_blocks import ROUTING_STATS_KEY
-from deployments.routing.pinned_router import PinnedRouter
+from deployments.routing.pinned_router import PinnedRouter, without_avoided
 
 R = TypeVar("R")
 # Requests whose keys were computed but that were never routed (cancelled) are dropped.
@@ -90,6 +91,7 @@ class PrefixRouter(PinnedRouter):
         default = await super().choose_replicas(candidate_replicas, pending_request)
         if pending_request is None or pending_request.kwargs.get("replica") is not None:
             return default
+        candidate_replicas = without_avoided(candidate_replicas, pending_request)
         ranked = self._by_prefix(candidate_replicas, pending_request)
         return [ranked, *default] if ranked else default
 

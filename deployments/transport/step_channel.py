@@ -181,15 +181,16 @@ class StepChannels:
         self._queues: dict[str, asyncio.Queue[Any]] = {}
         self._channels: dict[str, _Channel] = {}
 
-    def call(self, method: str, *args: Any, key: str | None = None) -> ChannelStream:
-        """``method(*args)`` as a bound stream; iterate it as the plain call's response.
+    def call(self, method: str, *args: Any, key: str | None = None, **kwargs: Any) -> ChannelStream:
+        """``method(*args, **kwargs)`` as a bound stream; iterate it as the plain
+        call's response.
 
         ``key`` names the stream on its channel, and to the callee: unique across
         callers (a uuid unless given), so a caller of this caller can end the
         callee's work by it when this one dies (``Generate._abort_calls``)."""
         key = key or uuid.uuid4().hex
         self._queues[key] = asyncio.Queue()
-        response = getattr(self._handle, method).remote(*args, self._caller, key)
+        response = getattr(self._handle, method).remote(*args, self._caller, key, **kwargs)
         return ChannelStream(self, key, response)
 
     async def _events(self, key: str, response: Any, bound: OnChannel) -> AsyncIterator[Any]:

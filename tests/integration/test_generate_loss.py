@@ -1,5 +1,6 @@
-"""A Generate replica lost, by its process dying or by its engine dying, takes only
-its own streams with it; with none live, requests get 503 at once; the graph heals.
+"""A Generate replica lost, by its process dying or by its engine dying, cuts only
+the streams that cannot move (inline text, for now) and moves the tier's to a live
+replica; with none live, requests get 503 at once; the graph heals.
 
 Killing the EngineCore process is what any engine death looks like to the
 replica (vLLM marks the engine dead when its core process goes). The replica
@@ -13,9 +14,11 @@ The times this takes are measured by ``python -m bench.engine_death``
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import psutil
@@ -23,6 +26,7 @@ import psutil
 from bench.engine_death import CHAT, engine_core
 from bench.harness.servers import Server
 from bench.harness.sse_reader import Stream
+from tests.integration.conftest import MODEL
 from tests.integration.test_failure_semantics import (
     HANG_GUARD_S,
     long_body,
@@ -30,12 +34,23 @@ from tests.integration.test_failure_semantics import (
     wait_idle,
 )
 from tests.integration.test_prefix_routing import Conversation
+from tests.integration.test_skeleton import rendered
 
 NO_LIVE_GENERATE = "no Generate replica is running"
+# Streams that move (transport/migration.py): greedy and paced, so the engine dies
+# under them mid-way on any host, after each delivered KILL_AFTER tokens.
+MOVING_TOKENS = 1000
+MOVING_PACE_MS = 10
+KILL_AFTER = 100
+STATS_PERIOD_S = 1.0  # generate.prefix_routing.stats_period_s, the default
+# What a Derender replica logs when it moves a stream (deployments/transport/migration.py).
+MOVED_LINE = re.compile(
+    r"request (?P<request>\S+): its Generate replica was lost .* after (?P<after>\d+) tokens"
+)
 
 
 # A request down each router that reaches Generate: the Ingress's, and a Derender's.
-ROUTED_PROBES = (
+ROUTED_PROBES: tuple[tuple[str, dict[str, Any], dict[str, str]], ...] = (
     ("/inference/v1/generate", {"token_ids": [1, 2], "sampling_params": {"max_tokens": 1}}, {}),
     ("/v1/chat/completions", {**CHAT, "max_tokens": 1}, {"X-Text-Placement": "tier"}),
 )
@@ -56,28 +71,41 @@ def wait_all_back(client: httpx.Client, replicas: int) -> None:
             time.sleep(0.5)
 
 
-def test_a_lost_generate_replica_cuts_only_its_streams_and_with_none_live_requests_get_503(
+def test_a_lost_generate_replica_moves_tier_streams_and_with_none_live_requests_get_503(
     graph: Server, client: httpx.Client
 ) -> None:
     """Both ways a Generate replica is lost, in one run of the scenario (each loss
     costs an engine start, ~40 s, which the two replacements then share):
 
-    1. A conversation's replica is killed while it streams the conversation's next
-       turn: that stream ends with an error event and [DONE], the engine dies with
-       its replica, and the conversation's next turn is served by the survivor at
-       once (the prefix router must not fail it for its best match being gone).
-    2. Before Serve has replaced the first, the survivor's engine dies: its replica
-       exits by its own hand, logging why, and with no Generate replica live,
-       requests that need one get 503 + Retry-After at once; Render still answers.
+    1. A conversation's engine dies while its replica streams the conversation's
+       next turn inline and two greedy streams of the tier (tier chat and
+       ``output_mode: "derender"``): the replica exits by its own hand, logging
+       why; the inline stream ends with an error event and [DONE]; the tier's
+       streams go on on the survivor from the tokens they delivered, as if nothing
+       happened (``transport/migration.py``); the conversation's next turn is
+       served by the survivor at once.
+    2. Before Serve has replaced the first, the survivor is killed: its engine dies
+       with it, a tier stream on it has nowhere to go and ends with an error event,
+       and with no Generate replica live, requests that need one get 503 +
+       Retry-After at once; Render still answers.
     3. Serve brings both back, and no request outlived either loss. Conversations
        started at once on the new replicas keep each to one: the router names
-       their blocks before either new engine has reported what it holds."""
-    # 1. The conversation's replica is killed mid-stream.
-    conversation = Conversation(2000)
+       their blocks before either new engine has reported what it holds. Each moved
+       stream's tokens after its move are what a fresh greedy request for the
+       prompt and the tokens before it gives."""
+    log_start = _log_size(graph)
+    # 1. The conversation's engine dies under three streams.
+    # A shorter system prompt than most conversations: the moving streams' 1,000
+    # tokens must fit the graph's context (4,096) after it and two turns.
+    conversation = Conversation(2000, words=200)
     for _ in range(2):
         assert conversation.turn(client).status_code == 200
     holder = conversation.served_by[-1]
     assert conversation.served_by == [holder, holder]
+    # The holder's engine reports its blocks each stats period (1 s), and Serve's
+    # controller passes them on each control loop (1 s): then every Derender replica's
+    # router knows them too (checked below, from where the streams run).
+    time.sleep(3 * STATS_PERIOD_S)
     # A long, paced turn of the same conversation: routed to the holder by its prefix.
     turn_path, turn_body, turn_headers = long_body("inline", client)
     turn_body["messages"] = [*conversation.messages, *turn_body["messages"]]
@@ -85,29 +113,61 @@ def test_a_lost_generate_replica_cuts_only_its_streams_and_with_none_live_reques
     stream.start()
     assert stream.wait_first(60) and stream.error is None, stream.error
     assert stream.headers["x-served-by"] == holder, "the long turn left its conversation"
+    prompt, bodies = _moving_bodies(client, conversation.messages)
+    moving = {kind: Stream(str(client.base_url), *body) for kind, body in bodies.items()}
+    for moving_stream in moving.values():
+        moving_stream.start()
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not all(len(_token_ids(m)) >= KILL_AFTER or m.ended_at for m in moving.values()):
+        assert time.monotonic() < deadline, {k: len(_token_ids(m)) for k, m in moving.items()}
+        time.sleep(0.05)
+    # The tier's routers (one per Derender replica) sent them where their prefix is.
+    assert running_requests(client).get(holder) == 3, (holder, running_requests(client))
     replica = psutil.Process(conversation.pids[-1])
-    engine_processes = replica.children(recursive=True)
-    assert engine_processes, "the engine runs in child processes of its replica"
-    replica.send_signal(signal.SIGKILL)
-    psutil.wait_procs([replica], timeout=HANG_GUARD_S)
+    engine_core(replica.pid).send_signal(signal.SIGKILL)
+    _, alive = psutil.wait_procs([replica], timeout=HANG_GUARD_S)
+    assert not alive, "the replica outlived its engine"
+    if graph.process is not None:  # a graph this session started: its log is here
+        log = graph.log_path.read_text(errors="replace")
+        assert f"engine of replica {holder} died: exiting" in log
 
-    # The next turn comes at once: the router has not yet heard from Serve's
+    # The next turn comes at once: the router may not yet have heard from Serve's
     # controller that its best match is gone, and must not fail it for that.
     started = time.monotonic()
     reply = conversation.turn(client)
     assert reply.status_code == 200, reply.text
     assert conversation.served_by[-1] != holder
     assert time.monotonic() - started < HANG_GUARD_S
-    survivor_id = conversation.served_by[-1]
     survivor = psutil.Process(conversation.pids[-1])
 
-    # 2. The survivor's engine dies: its replica exits by its own hand, logging why.
-    engine_core(survivor.pid).send_signal(signal.SIGKILL)
-    _, alive = psutil.wait_procs([survivor], timeout=HANG_GUARD_S)
-    assert not alive, "the replica outlived its engine"
-    if graph.process is not None:  # a graph this session started: its log is here
-        log = graph.log_path.read_text(errors="replace")
-        assert f"engine of replica {survivor_id} died: exiting" in log
+    # The inline stream: an explicit error, then [DONE].
+    stream.join(60)
+    assert stream.error is None, stream.error
+    assert stream.events[-1] == "[DONE]"
+    errors = [e for e in stream.events if isinstance(e, dict) and "error" in e]
+    assert errors and errors[0]["error"]["code"] == 503, stream.events[-3:]
+    # The tier's streams: whole, as an uninterrupted run ends.
+    for kind, moved in moving.items():
+        moved.join(120)
+        assert moved.error is None, (kind, moved.error)
+        assert [e for e in moved.events if isinstance(e, dict) and "error" in e] == [], kind
+        assert moved.events.count("[DONE]") == 1 and moved.events[-1] == "[DONE]", kind
+        assert moved.finish_reasons() == ["length"], (kind, moved.events[-3:])
+        assert len(_token_ids(moved)) == MOVING_TOKENS, kind
+        usage = [e["usage"] for e in moved.events if isinstance(e, dict) and e.get("usage")][-1]
+        assert usage["prompt_tokens"] == len(prompt), (kind, usage)
+        assert usage["completion_tokens"] == MOVING_TOKENS, (kind, usage)
+        assert usage["total_tokens"] == len(prompt) + MOVING_TOKENS, (kind, usage)
+
+    # 2. The survivor is killed under a tier stream: with no replica live, it ends.
+    cut_path, cut_body, cut_headers = long_body("tier", client)
+    cut = Stream(str(client.base_url), cut_path, cut_body, cut_headers)
+    cut.start()
+    assert cut.wait_first(60) and cut.error is None, cut.error
+    engine_processes = survivor.children(recursive=True)
+    assert engine_processes, "the engine runs in child processes of its replica"
+    survivor.send_signal(signal.SIGKILL)
+    psutil.wait_procs([survivor], timeout=HANG_GUARD_S)
 
     # Until Serve's controller has told the Ingress, a request may still reach a
     # dead replica (503, "a serving tier failed"); after that, the Ingress itself
@@ -136,13 +196,12 @@ def test_a_lost_generate_replica_cuts_only_its_streams_and_with_none_live_reques
     # Render still answers: only the tiers a request needs decide.
     assert client.post("/tokenize", json={"prompt": "hi"}).status_code == 200
 
-    # The stream cut in 1: an explicit error, then [DONE]; nothing of its engine
-    # is left running (its request went with it).
-    stream.join(60)
-    assert stream.error is None, stream.error
-    assert stream.events[-1] == "[DONE]"
-    errors = [e for e in stream.events if isinstance(e, dict) and "error" in e]
-    assert errors and errors[0]["error"]["code"] == 503, stream.events[-3:]
+    # The tier stream had nowhere to move: an explicit error, then [DONE]; nothing
+    # of its engine is left running (the engine went with its replica).
+    cut.join(60)
+    assert cut.error is None, cut.error
+    assert cut.events[-1] == "[DONE]"
+    assert [e for e in cut.events if isinstance(e, dict) and "error" in e], cut.events[-3:]
     _, alive = psutil.wait_procs(engine_processes, timeout=30)
     assert not alive, alive
 
@@ -157,3 +216,72 @@ def test_a_lost_generate_replica_cuts_only_its_streams_and_with_none_live_reques
     assert all(len(set(c.served_by)) == 1 for c in conversations), [
         c.served_by for c in conversations
     ]
+    # Each moved stream's tokens after the move are a fresh greedy request's for the
+    # prompt and the tokens before (where the move happened is in the graph's log).
+    if graph.process is not None:
+        moves = _moves(graph, log_start)
+        for kind, moved in moving.items():
+            tokens = _token_ids(moved)
+            at = [after for request_id, after in moves if request_id in moved.stream_id]
+            assert len(at) == 1 and KILL_AFTER <= at[0] < MOVING_TOKENS, (kind, moves)
+            fresh = client.post(
+                "/inference/v1/generate",
+                json={
+                    "token_ids": prompt + tokens[: at[0]],
+                    "sampling_params": {
+                        "max_tokens": MOVING_TOKENS - at[0],
+                        "temperature": 0,
+                        "ignore_eos": True,
+                    },
+                },
+            )
+            assert fresh.status_code == 200, fresh.text
+            assert fresh.json()["choices"][0]["token_ids"] == tokens[at[0] :], kind
+
+
+def _moving_bodies(
+    client: httpx.Client, messages: list[dict[str, Any]]
+) -> tuple[list[int], dict[str, tuple[str, dict[str, Any], dict[str, str]]]]:
+    """The prompt's token ids, and greedy paced streams of the conversation's next
+    turn, as tier chat and as ``output_mode: "derender"``, each returning its token ids."""
+    chat: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [*messages, {"role": "user", "content": "Count on, one word at a time."}],
+        "max_tokens": MOVING_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "vllm_xargs": {"pace_ms": MOVING_PACE_MS},
+    }
+    request = rendered(client, {k: v for k, v in chat.items() if k != "stream_options"})
+    request.update(output_mode="derender", stream=True, stream_options={"include_usage": True})
+    return list(request["token_ids"]), {
+        "tier chat": ("/v1/chat/completions", chat, {"X-Text-Placement": "tier"}),
+        "derender": ("/inference/v1/generate", request, {}),
+    }
+
+
+def _token_ids(stream: Stream) -> list[int]:
+    """The token ids a stream delivered so far (choice 0)."""
+    return [
+        token
+        for event in stream.events
+        if isinstance(event, dict)
+        for choice in event.get("choices", [])
+        if choice.get("index", 0) == 0
+        for token in choice.get("token_ids") or []
+    ]
+
+
+def _log_size(graph: Server) -> int:
+    return graph.log_path.stat().st_size if graph.process is not None else 0
+
+
+def _moves(graph: Server, since: int) -> list[tuple[str, int]]:
+    """(request id, tokens delivered before) of each stream moved since ``since``."""
+    with graph.log_path.open("rb") as log:
+        log.seek(since)
+        text = log.read().decode(errors="replace")
+    return [(m["request"], int(m["after"])) for m in MOVED_LINE.finditer(text)]

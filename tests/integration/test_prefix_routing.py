@@ -33,9 +33,9 @@ INLINE = {"X-Text-Placement": "inline"}
 
 
 class Conversation:
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, words: int = 600):
         self._rng = random.Random(seed)
-        system = " ".join(self._rng.choice(WORDS) for _ in range(600))
+        system = " ".join(self._rng.choice(WORDS) for _ in range(words))
         self.messages: list[dict[str, Any]] = [{"role": "system", "content": f"{seed} {system}"}]
         self.served_by: list[str] = []
         self.pids: list[int] = []

@@ -175,17 +175,18 @@ class _Replica:
         return 0
 
 
-def _call(request_id: str, token_ids: list[int]) -> PendingRequest:
+def _call(request_id: str, token_ids: list[int], **kwargs: Any) -> PendingRequest:
     metadata = SimpleNamespace(internal_request_id=request_id, request_id=request_id)
-    return PendingRequest(args=[{"token_ids": token_ids}], kwargs={}, metadata=metadata)  # type: ignore[arg-type]
+    return PendingRequest(args=[{"token_ids": token_ids}], kwargs=kwargs, metadata=metadata)  # type: ignore[arg-type]
 
 
-def test_a_turn_routed_while_the_router_knew_one_replica_is_remembered() -> None:
+def test_a_turn_routed_while_the_router_knew_one_replica_is_remembered_unless_avoided() -> None:
     """A replica just started that this router has not heard of yet: the first turn
     of a conversation goes to the one it knows, and once it knows both, the next
-    turn follows the first there, before that engine has reported what it holds."""
+    turn follows the first there, before that engine has reported what it holds;
+    unless the call asks to avoid it (its engine died under the stream)."""
 
-    async def scenario() -> list[list[Any]]:
+    async def scenario() -> tuple[list[list[Any]], list[list[Any]]]:
         from ray.serve._private.common import DeploymentHandleSource, DeploymentID
 
         # Serve's RequestRouter takes these two as a handle builds it (its own tests do so).
@@ -203,7 +204,12 @@ def test_a_turn_routed_while_the_router_knew_one_replica_is_remembered() -> None
         router.on_request_routed(first, old.replica_id, None)
         router.update_replicas([old, new])  # type: ignore[list-item]
         second = _call("turn-2", [*first_turn, *range(100, 120)])
-        return await router.choose_replicas([old, new], second)  # type: ignore[list-item]
+        ranks = await router.choose_replicas([old, new], second)  # type: ignore[list-item]
+        # A call that asks to avoid a replica (its engine died under the stream)
+        # goes elsewhere, whatever that replica holds.
+        moved = _call("turn-2-moved", [*first_turn, *range(100, 120)], avoid=("old",))
+        return ranks, await router.choose_replicas([old, new], moved)  # type: ignore[list-item]
 
-    ranks = asyncio.run(scenario())
+    ranks, moved = asyncio.run(scenario())
     assert [r.replica_id.unique_id for r in ranks[0]] == ["old"], ranks
+    assert {r.replica_id.unique_id for rank in moved for r in rank} == {"new"}, moved

@@ -1,0 +1,157 @@
+"""A Generate stream that outlives its replica: made again elsewhere, from where it was.
+
+The caller of Generate (a Derender replica, for tier text and ``output_mode:
+"derender"``) holds every event a stream delivered. When the call fails because
+its replica or engine is gone (``replica_loss.callee_lost``), the stream goes
+on as one request to a live replica:
+
+- its prompt is the original prompt followed by the tokens already delivered;
+- ``max_tokens`` and ``min_tokens`` shrink by those;
+- the request id, the sampling settings and the stop conditions stay;
+
+and the new call's events continue the old ones: its ``usage`` counts the whole
+answer against the original prompt, and it does not repeat the prompt's token
+ids. At most ``limit`` times per stream; after that, or with no live replica,
+the failure ends the stream as before.
+
+A call that failed before it delivered anything (a unary one, most often) is
+made again unchanged. What does not carry over to the new replica: a seeded
+request's exact random draws, penalties that count earlier output tokens
+(frequency, presence), and a stop string that the move splits. Streams with
+``n > 1`` or structured output do not move once they delivered tokens (their
+state is not the prompt's); docs/engine-death.md.
+
+The delivered events are kept as they came and read only when a stream moves,
+so an uneventful stream pays one list append per item.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from deployments.transport.replica_loss import callee_lost, lost_engine_replica, raised_in_tier
+
+logger = logging.getLogger("ray.serve")
+
+DONE = "[DONE]"
+
+
+@dataclass
+class Delivered:
+    """What a stream's calls delivered, read from their SSE events on demand."""
+
+    events: list[str] = field(default_factory=list)
+
+    def read(self) -> tuple[list[int], bool]:
+        """(token ids of choice 0, whether the stream finished)."""
+        token_ids: list[int] = []
+        finished = False
+        for data in _data(self.events):
+            if data == DONE:
+                finished = True
+                continue
+            for choice in json.loads(data).get("choices") or ():
+                if choice.get("index", 0) == 0:
+                    token_ids.extend(choice.get("token_ids") or ())
+                    finished = finished or choice.get("finish_reason") is not None
+        return token_ids, finished
+
+
+def continuation(request: Any, delivered: list[int]) -> Any | None:
+    """``request`` (a vLLM ``GenerateRequest``) resumed after ``delivered`` tokens, or
+    None if its state is more than its prompt (see the module's docstring)."""
+    if not delivered:
+        return request
+    params = request.sampling_params
+    if params.n != 1 or getattr(params, "structured_outputs", None) is not None:
+        return None
+    params = copy.copy(params)
+    if params.max_tokens is not None:
+        params.max_tokens -= len(delivered)
+        if params.max_tokens < 1:
+            return None
+    params.min_tokens = max(0, params.min_tokens - len(delivered))
+    # Already answered for the original prompt (a stream's go in no event).
+    params.prompt_logprobs = None
+    return request.model_copy(
+        update={"token_ids": [*request.token_ids, *delivered], "sampling_params": params}
+    )
+
+
+def continued_event(text: str, prompt_tokens: int, before: int) -> str:
+    """A resumed call's SSE event(s) as the original call would have sent them:
+    ``usage`` against the original prompt, counting the ``before`` tokens delivered
+    earlier; no second ``prompt_token_ids``."""
+    if '"usage"' not in text and '"prompt_token_ids"' not in text:
+        return text
+    parts = text.split("\n\n")
+    for i, part in enumerate(parts):
+        if not part.startswith("data: {"):
+            continue
+        data = json.loads(part[6:])
+        data.pop("prompt_token_ids", None)
+        data.pop("mm_placeholders", None)
+        usage = data.get("usage")
+        if usage:
+            completion = int(usage["completion_tokens"]) + before
+            usage.update(
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion,
+                total_tokens=prompt_tokens + completion,
+            )
+        parts[i] = "data: " + json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return "\n\n".join(parts)
+
+
+async def migrating(
+    call: Callable[[Any, tuple[str, ...]], AsyncGenerator[Any, None]], request: Any, limit: int
+) -> AsyncGenerator[Any, None]:
+    """``call(request, avoid)``'s items; when the call fails because its Generate
+    replica or engine is gone, the rest of the stream from ``call(continuation,
+    avoid)``, up to ``limit`` times. ``avoid``: the replicas whose engine died
+    under the stream, which Serve's routers list until their actor is gone."""
+    delivered = Delivered()
+    prompt_tokens = len(request.token_ids)
+    before = 0
+    current = request
+    moves = 0
+    avoid: tuple[str, ...] = ()
+    while True:
+        try:
+            async with contextlib.aclosing(call(current, avoid)) as items:
+                async for item in items:
+                    if isinstance(item, str):
+                        if before:
+                            item = continued_event(item, prompt_tokens, before)
+                        delivered.events.append(item)
+                    yield item
+            return
+        except Exception as exc:
+            if moves >= limit or not callee_lost(exc):
+                raise
+            token_ids, finished = delivered.read()
+            resumed = None if finished else continuation(request, token_ids)
+            if resumed is None:
+                raise
+            moves += 1
+            why = type(raised_in_tier(exc)).__name__
+            logger.warning(
+                "request %s: its Generate replica was lost (%s) after %d tokens; "
+                "continuing on another (move %d of at most %d)",
+                request.request_id, why, len(token_ids), moves, limit,
+            )  # fmt: skip
+            current, before = resumed, len(token_ids)
+            dead = lost_engine_replica(exc)
+            if dead is not None:
+                avoid = (*avoid, dead)
+
+
+def _data(events: list[str]) -> list[str]:
+    """The ``data:`` payloads of SSE events, several of which may share one item."""
+    return [part[6:] for text in events for part in text.split("\n\n") if part.startswith("data: ")]
