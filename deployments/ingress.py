@@ -17,6 +17,7 @@ in ``deployments/declarations/ingress.py``.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +47,7 @@ from deployments.edge.tier_calls import (
     responses_stream_error,
 )
 from deployments.messages.replies import RenderedText, Reply
+from deployments.transport.migrating_call import MigratingCall
 from deployments.transport.step_channel import ChannelStream, StepChannels
 from deployments.vllm_adapter.engine_metrics import exposition
 
@@ -274,8 +276,17 @@ class Ingress:
         if data.get("output_mode") != "derender":
             # The Ingress's own call: ending it (client gone, failure) cancels it there.
             header_id = _header_id(raw)
+            # Named here as Generate would name it (edge.validation.named_by_header, else
+            # vLLM's random id), so that a moved stream keeps its id.
+            if "request_id" not in data:
+                data["request_id"] = header_id or uuid.uuid4().hex
+
+            def generate(body: dict[str, Any], avoid: tuple[str, ...]) -> Any:
+                return self._generate.generate.remote(body, header_id, **_avoiding(avoid))
+
+            limit = self._config.generate.migration_limit
             return await respond(
-                lambda avoid: self._generate.generate.remote(data, header_id, **_avoiding(avoid)),
+                lambda avoid: MigratingCall(generate, data, limit, self._generate, avoid),
                 self._generate,
             )
         return await respond(

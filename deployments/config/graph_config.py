@@ -179,8 +179,8 @@ class GenerateOptions(DeploymentOptions):
         3,
         ge=0,
         description="A stream whose Generate replica or engine is lost goes on on another "
-        "replica, from the tokens it delivered, at most this many times (tier text and "
-        "`output_mode: derender`); 0: it ends with an error event.",
+        "replica, from the tokens it delivered, at most this many times (every stream but "
+        "inline text); 0: it ends with an error event.",
     )
 
     def routing_policy(self, class_default_replicas: int = 1) -> Literal["prefix", "pow2"]:

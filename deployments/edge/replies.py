@@ -27,6 +27,7 @@ from vllm.exceptions import GenerationError
 
 from deployments.edge.errors import Refusal
 from deployments.messages.replies import Reply, ServedBy, TierFailure
+from deployments.transport.replica_loss import EngineLostError
 
 P = ParamSpec("P")
 
@@ -55,9 +56,10 @@ def refusal_of(exc: Exception) -> Reply | None:
 
 
 def crossing(exc: Exception) -> Exception:
-    """``exc`` as the Ingress may receive it: Ray's errors as they are (the Ingress
-    reads them: a lost replica is retried), any other as a ``TierFailure``."""
-    if isinstance(exc, RayError):
+    """``exc`` as the Ingress may receive it: Ray's errors and a dead engine's as they
+    are (the Ingress reads them: a lost replica is retried, a stream moved), any
+    other as a ``TierFailure``."""
+    if isinstance(exc, (RayError, EngineLostError)):
         return exc
     return TierFailure(f"{type(exc).__name__}: {exc}")
 

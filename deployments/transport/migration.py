@@ -1,9 +1,10 @@
 """A Generate stream that outlives its replica: made again elsewhere, from where it was.
 
-The caller of Generate (a Derender replica, for tier text and ``output_mode:
-"derender"``) holds every event a stream delivered. When the call fails because
-its replica or engine is gone (``replica_loss.callee_lost``), the stream goes
-on as one request to a live replica:
+The caller of Generate holds every event a stream delivered: a Derender replica for
+tier text and ``output_mode: "derender"``, the Ingress for ``output_mode`` ``tokens``
+and ``text`` (``migrating_call.py``); inline text does not move yet. When the call
+fails because its replica or engine is gone (``replica_loss.callee_lost``), the
+stream goes on as one request to a live replica:
 
 - its prompt is the original prompt followed by the tokens already delivered;
 - ``max_tokens`` and ``min_tokens`` shrink by those;
@@ -64,10 +65,13 @@ class Delivered:
 
 
 def continuation(request: Any, delivered: list[int]) -> Any | None:
-    """``request`` (a vLLM ``GenerateRequest``) resumed after ``delivered`` tokens, or
-    None if its state is more than its prompt (see the module's docstring)."""
+    """``request`` (a vLLM ``GenerateRequest``, or the body of one as a client sent
+    it) resumed after ``delivered`` tokens, or None if its state is more than its
+    prompt (see the module's docstring)."""
     if not delivered:
         return request
+    if isinstance(request, dict):
+        return _body_continuation(request, delivered)
     params = request.sampling_params
     if params.n != 1 or getattr(params, "structured_outputs", None) is not None:
         return None
@@ -82,6 +86,30 @@ def continuation(request: Any, delivered: list[int]) -> Any | None:
     return request.model_copy(
         update={"token_ids": [*request.token_ids, *delivered], "sampling_params": params}
     )
+
+
+def _body_continuation(body: dict[str, Any], delivered: list[int]) -> dict[str, Any] | None:
+    """``continuation`` of a ``/inference/v1/generate`` body that Generate validated
+    when the stream began."""
+    params = dict(body.get("sampling_params") or {})
+    if params.get("n", 1) != 1 or params.get("structured_outputs") is not None:
+        return None
+    max_tokens = params.get("max_tokens")
+    if isinstance(max_tokens, int):
+        if max_tokens - len(delivered) < 1:
+            return None
+        params["max_tokens"] = max_tokens - len(delivered)
+    min_tokens = params.get("min_tokens")
+    if isinstance(min_tokens, int):
+        params["min_tokens"] = max(0, min_tokens - len(delivered))
+    params.pop("prompt_logprobs", None)
+    return {**body, "token_ids": [*body["token_ids"], *delivered], "sampling_params": params}
+
+
+def _prompt_and_id(request: Any) -> tuple[int, str]:
+    if isinstance(request, dict):
+        return len(request.get("token_ids") or ()), str(request.get("request_id"))
+    return len(request.token_ids), str(request.request_id)
 
 
 def continued_event(text: str, prompt_tokens: int, before: int) -> str:
@@ -117,7 +145,7 @@ async def migrating(
     avoid)``, up to ``limit`` times. ``avoid``: the replicas whose engine died
     under the stream, which Serve's routers list until their actor is gone."""
     delivered = Delivered()
-    prompt_tokens = len(request.token_ids)
+    prompt_tokens, request_id = _prompt_and_id(request)
     before = 0
     current = request
     moves = 0
@@ -144,7 +172,7 @@ async def migrating(
             logger.warning(
                 "request %s: its Generate replica was lost (%s) after %d tokens; "
                 "continuing on another (move %d of at most %d)",
-                request.request_id, why, len(token_ids), moves, limit,
+                request_id, why, len(token_ids), moves, limit,
             )  # fmt: skip
             current, before = resumed, len(token_ids)
             dead = lost_engine_replica(exc)

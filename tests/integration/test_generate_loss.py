@@ -1,5 +1,5 @@
 """A Generate replica lost, by its process dying or by its engine dying, cuts only
-the streams that cannot move (inline text, for now) and moves the tier's to a live
+the streams that cannot move (inline text, for now) and moves the others to a live
 replica; with none live, requests get 503 at once; the graph heals.
 
 Killing the EngineCore process is what any engine death looks like to the
@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 import signal
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -78,12 +79,12 @@ def test_a_lost_generate_replica_moves_tier_streams_and_with_none_live_requests_
     costs an engine start, ~40 s, which the two replacements then share):
 
     1. A conversation's engine dies while its replica streams the conversation's
-       next turn inline and two greedy streams of the tier (tier chat and
-       ``output_mode: "derender"``): the replica exits by its own hand, logging
-       why; the inline stream ends with an error event and [DONE]; the tier's
-       streams go on on the survivor from the tokens they delivered, as if nothing
-       happened (``transport/migration.py``); the conversation's next turn is
-       served by the survivor at once.
+       next turn inline and four greedy streams (tier chat, and ``output_mode``
+       ``derender``, ``tokens`` and ``text``): the replica exits by its own hand,
+       logging why; the inline stream ends with an error event and [DONE]; the
+       other four go on on the survivor from the tokens they delivered, as if
+       nothing happened (``transport/migration.py``); the conversation's next
+       turn is served by the survivor at once.
     2. Before Serve has replaced the first, the survivor is killed: its engine dies
        with it, a tier stream on it has nowhere to go and ends with an error event,
        and with no Generate replica live, requests that need one get 503 +
@@ -121,8 +122,12 @@ def test_a_lost_generate_replica_moves_tier_streams_and_with_none_live_requests_
     while not all(len(_token_ids(m)) >= KILL_AFTER or m.ended_at for m in moving.values()):
         assert time.monotonic() < deadline, {k: len(_token_ids(m)) for k, m in moving.items()}
         time.sleep(0.05)
-    # The tier's routers (one per Derender replica) sent them where their prefix is.
-    assert running_requests(client).get(holder) == 3, (holder, running_requests(client))
+    # The Ingress's router and the tier's (one per Derender replica) sent them where
+    # their prefix is.
+    assert running_requests(client).get(holder) == 1 + len(moving), (
+        holder,
+        running_requests(client),
+    )
     replica = psutil.Process(conversation.pids[-1])
     engine_core(replica.pid).send_signal(signal.SIGKILL)
     _, alive = psutil.wait_procs([replica], timeout=HANG_GUARD_S)
@@ -146,7 +151,7 @@ def test_a_lost_generate_replica_moves_tier_streams_and_with_none_live_requests_
     assert stream.events[-1] == "[DONE]"
     errors = [e for e in stream.events if isinstance(e, dict) and "error" in e]
     assert errors and errors[0]["error"]["code"] == 503, stream.events[-3:]
-    # The tier's streams: whole, as an uninterrupted run ends.
+    # The moved streams: whole, as an uninterrupted run ends.
     for kind, moved in moving.items():
         moved.join(120)
         assert moved.error is None, (kind, moved.error)
@@ -243,7 +248,8 @@ def _moving_bodies(
     client: httpx.Client, messages: list[dict[str, Any]]
 ) -> tuple[list[int], dict[str, tuple[str, dict[str, Any], dict[str, str]]]]:
     """The prompt's token ids, and greedy paced streams of the conversation's next
-    turn, as tier chat and as ``output_mode: "derender"``, each returning its token ids."""
+    turn, as tier chat and as each ``output_mode`` of generate, each returning its
+    token ids."""
     chat: dict[str, Any] = {
         "model": MODEL,
         "messages": [*messages, {"role": "user", "content": "Count on, one word at a time."}],
@@ -256,10 +262,17 @@ def _moving_bodies(
         "vllm_xargs": {"pace_ms": MOVING_PACE_MS},
     }
     request = rendered(client, {k: v for k, v in chat.items() if k != "stream_options"})
-    request.update(output_mode="derender", stream=True, stream_options={"include_usage": True})
+    request.update(stream=True, stream_options={"include_usage": True})
+    # Each its own id: a move is found in the log by it.
+    modes = {
+        mode: {**request, "output_mode": mode, "request_id": f"moving-{mode}-{uuid.uuid4().hex}"}
+        for mode in ("derender", "tokens", "text")
+    }
+    for mode in ("tokens", "text"):
+        modes[mode].pop("parse_context")
     return list(request["token_ids"]), {
         "tier chat": ("/v1/chat/completions", chat, {"X-Text-Placement": "tier"}),
-        "derender": ("/inference/v1/generate", request, {}),
+        **{mode: ("/inference/v1/generate", body, {}) for mode, body in modes.items()},
     }
 
 

@@ -20,6 +20,7 @@ from deployments.edge.replies import answers_ingress, ingress_items
 from deployments.edge.tier_calls import respond
 from deployments.messages.replies import Reply, ServedBy, TierFailure
 from deployments.text.sse import DONE, sse_data
+from deployments.transport.replica_loss import EngineLostError
 
 
 async def tier_stream(items: list[Any], error: Exception | None = None) -> AsyncIterator[Any]:
@@ -57,7 +58,9 @@ class Tier:
 
 
 async def answer(call: TierCall, failures: list[str]) -> tuple[int, str]:
-    response = await respond(lambda: call, Tier(), on_failure=lambda _: failures.append("cleanup"))
+    response = await respond(
+        lambda _: call, Tier(), on_failure=lambda _: failures.append("cleanup")
+    )
     if not isinstance(response, StreamingResponse):
         return response.status_code, bytes(response.body).decode()
     chunks = [c if isinstance(c, str) else bytes(c).decode() async for c in response.body_iterator]
@@ -113,6 +116,23 @@ def test_a_tiers_own_failure_crosses_without_vllm_and_is_a_503_with_cleanup() ->
 
     crossed = asyncio.run(raised())
     assert type(crossed) is TierFailure and str(crossed) == "RuntimeError: boom"
+
+
+def test_a_dead_engine_crosses_as_itself_so_the_ingress_can_move_the_call() -> None:
+    """``EngineLostError`` names the replica whose engine died: the Ingress reads it
+    (``transport/replica_loss.py``) to call again elsewhere, or move the stream."""
+
+    async def raised(items: list[str]) -> BaseException:
+        try:
+            async for _ in ingress_items(tier_stream(items, EngineLostError("r1"))):
+                pass
+        except Exception as exc:
+            return exc
+        raise AssertionError("nothing raised")
+
+    for items in ([], [sse_data({"i": 0})]):  # before its first answer, and mid-stream
+        crossed = asyncio.run(raised(items))
+        assert type(crossed) is EngineLostError and crossed.replica == "r1"
 
 
 def test_mid_stream_errors_cross_as_tier_failures_and_end_the_stream() -> None:

@@ -13,6 +13,7 @@ from ray.serve.exceptions import BackPressureError
 from deployments.edge.tier_calls import RETRIES_ON_REPLICA_LOSS, respond
 from deployments.messages.replies import ServedBy, TierFailure, error_reply
 from deployments.text.sse import DONE, sse_data
+from deployments.transport.replica_loss import EngineLostError
 
 
 class Call:
@@ -43,12 +44,19 @@ class Tier:
     deployment_name = "Generate"
 
 
-async def body_of(call: Call | list[Call], failures: list[str]) -> tuple[int, str]:
-    """The response to ``call``, or to each call of the list in turn as calls are made."""
+async def body_of(
+    call: Call | list[Call], failures: list[str], avoided: list[tuple[str, ...]] | None = None
+) -> tuple[int, str]:
+    """The response to ``call``, or to each call of the list in turn as calls are made;
+    each call's ``avoid`` goes to ``avoided``."""
     calls = iter(call if isinstance(call, list) else [call])
-    response = await respond(
-        lambda: next(calls), Tier(), on_failure=lambda _: failures.append("cleanup")
-    )
+
+    def start(avoid: tuple[str, ...]) -> Call:
+        if avoided is not None:
+            avoided.append(avoid)
+        return next(calls)
+
+    response = await respond(start, Tier(), on_failure=lambda _: failures.append("cleanup"))
     if not isinstance(response, StreamingResponse):
         return response.status_code, bytes(response.body).decode()
     chunks = [c if isinstance(c, str) else bytes(c).decode() async for c in response.body_iterator]
@@ -93,6 +101,16 @@ def test_a_replica_lost_before_the_first_item_is_called_again() -> None:
         assert status == 200 and body.startswith(sse_data({"i": 1})), body
         assert failures == ["cleanup"]
         assert calls[0].cancelled
+
+
+def test_a_call_its_engine_ended_before_the_first_item_is_called_again_elsewhere() -> None:
+    """The replica whose engine died is still listed by Serve's router for a moment:
+    the next call asks the router to keep away from it."""
+    avoided: list[tuple[str, ...]] = []
+    calls = [Call([], EngineLostError("r1")), Call([sse_data({"i": 1}), sse_data(DONE)])]
+    status, body = asyncio.run(body_of(calls, [], avoided))
+    assert status == 200 and body.startswith(sse_data({"i": 1})), body
+    assert avoided == [(), ("r1",)]
 
 
 def test_a_replica_lost_before_the_first_item_every_time_is_a_503_with_cleanup() -> None:

@@ -59,6 +59,26 @@ def test_the_continuation_is_the_prompt_and_what_was_delivered_with_less_to_go()
     assert request.token_ids == [1, 2, 3] and request.sampling_params.max_tokens == 10
 
 
+def test_a_generate_body_continues_as_a_request_does() -> None:
+    """The Ingress moves ``/inference/v1/generate`` streams by their body as sent."""
+    body = {
+        "request_id": "req-2",
+        "token_ids": [1, 2, 3],
+        "sampling_params": {"max_tokens": 10, "min_tokens": 4, "prompt_logprobs": 1},
+        "stream": True,
+    }
+    resumed = continuation(body, [7, 8])
+    assert resumed == {
+        "request_id": "req-2",
+        "token_ids": [1, 2, 3, 7, 8],
+        "sampling_params": {"max_tokens": 8, "min_tokens": 2},
+        "stream": True,
+    }
+    assert body["token_ids"] == [1, 2, 3] and body["sampling_params"]["max_tokens"] == 10
+    assert continuation({**body, "sampling_params": {"n": 2}}, [7]) is None
+    assert continuation({**body, "sampling_params": {"max_tokens": 2}}, [7, 8]) is None
+
+
 def test_a_call_that_delivered_nothing_is_made_again_unchanged() -> None:
     request = _request(n=2)
     assert continuation(request, []) is request
