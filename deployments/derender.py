@@ -61,6 +61,7 @@ from deployments.messages.tier import (
     prompt_key,
 )
 from deployments.render import build_render_state
+from deployments.routing.pinned_router import avoiding
 from deployments.text.output import ChunkEvent, TextOutput, openai_event, tokens_request
 from deployments.text.sse import sse_event
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
@@ -112,8 +113,9 @@ class Derender(ChannelSource):
         stream's events arrive on this replica's step channel to the Generate
         replica that took it. The call is cancelled if we stop early; it carries
         the caller's ``key``, by which the caller ends it should this replica die."""
-        extra = {"avoid": avoid} if avoid else {}
-        call = self._generate_channels.call("generate_on_channel", request, key=key, **extra)
+        call = self._generate_channels.call(
+            "generate_on_channel", request, key=key, **avoiding(avoid)
+        )
         try:
             if not await wait_routed(call, self._generate):
                 raise Refusal(no_live_replica("Generate"))

@@ -47,6 +47,7 @@ from deployments.edge.tier_calls import (
     responses_stream_error,
 )
 from deployments.messages.replies import RenderedText, Reply
+from deployments.routing.pinned_router import avoiding
 from deployments.transport.migrating_call import MigratingCall
 from deployments.transport.step_channel import ChannelStream, StepChannels
 from deployments.vllm_adapter.engine_metrics import exposition
@@ -76,11 +77,6 @@ def _header_id(raw: Request) -> str | None:
     """The ``X-Request-Id`` header, which the tier that validates the body applies
     as vLLM does (Render for chat and completions, Generate or Derender for generate)."""
     return raw.headers.get(REQUEST_ID_HEADER)
-
-
-def _avoiding(avoid: tuple[str, ...]) -> dict[str, Any]:
-    """A Generate call's routing hint (``PinnedRouter``): the replicas to keep away from."""
-    return {"avoid": avoid} if avoid else {}
 
 
 # What a route calls is defined above this line: ``serve.ingress`` freezes the app
@@ -282,7 +278,7 @@ class Ingress:
                 data["request_id"] = header_id or uuid.uuid4().hex
 
             def generate(body: dict[str, Any], avoid: tuple[str, ...]) -> Any:
-                return self._generate.generate.remote(body, header_id, **_avoiding(avoid))
+                return self._generate.generate.remote(body, header_id, **avoiding(avoid))
 
             limit = self._config.generate.migration_limit
             return await respond(
@@ -344,7 +340,7 @@ class Ingress:
         headers = {PLACEMENT_HEADER: placement}
         if placement == "inline":
             return await respond(
-                lambda avoid: self._generate.text.remote(rendered, **_avoiding(avoid)),
+                lambda avoid: self._generate.text.remote(rendered, **avoiding(avoid)),
                 self._generate,
                 headers,
                 stream_error=stream_error,

@@ -23,6 +23,9 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
+# The keyword argument of a call that names replicas to keep away from.
+AVOID = "avoid"
+
 
 # No FIFOMixin: it hands a chosen replica to the oldest waiting request, which
 # would give a pinned call's replica to another call.
@@ -44,6 +47,12 @@ class PinnedRouter(LocalityMixin, RequestRouter):
         return [random.sample(pool, min(2, len(pool)))]
 
 
+def avoiding(avoid: tuple[str, ...]) -> dict[str, Any]:
+    """A call's keyword arguments that ask the router to keep away from the replicas
+    ``avoid`` names (read back by ``without_avoided``); none if it names none."""
+    return {AVOID: avoid} if avoid else {}
+
+
 def without_avoided(
     candidates: list[RunningReplica], pending: PendingRequest | None
 ) -> list[RunningReplica]:
@@ -51,7 +60,7 @@ def without_avoided(
     a keyword argument the method also receives): replicas whose engine died under
     the call's stream, which Serve still lists until their actor is gone. All of
     them if that would leave none."""
-    avoid: Any = () if pending is None else pending.kwargs.get("avoid") or ()
+    avoid: Any = () if pending is None else pending.kwargs.get(AVOID) or ()
     if not avoid:
         return candidates
     kept = [r for r in candidates if r.replica_id.unique_id not in avoid]

@@ -25,6 +25,7 @@ from deployments.routing.block_keys import (
     event_key,
 )
 from deployments.routing.engine_blocks import ROUTING_STATS_KEY, EngineBlocks
+from deployments.routing.pinned_router import avoiding
 from deployments.routing.prefix_router import PrefixRouter, _Held, common_keying, prefix_choice
 
 KEYING = BlockKeying(block_size=4, hash_algo="sha256", seed="vllm-none-hash")
@@ -207,7 +208,7 @@ def test_a_turn_routed_while_the_router_knew_one_replica_is_remembered_unless_av
         ranks = await router.choose_replicas([old, new], second)  # type: ignore[list-item]
         # A call that asks to avoid a replica (its engine died under the stream)
         # goes elsewhere, whatever that replica holds.
-        moved = _call("turn-2-moved", [*first_turn, *range(100, 120)], avoid=("old",))
+        moved = _call("turn-2-moved", [*first_turn, *range(100, 120)], **avoiding(("old",)))
         return ranks, await router.choose_replicas([old, new], moved)  # type: ignore[list-item]
 
     ranks, moved = asyncio.run(scenario())
