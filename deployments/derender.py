@@ -20,6 +20,7 @@ in ``deployments/declarations/derender.py``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -58,6 +59,7 @@ from deployments.messages.tier import (
     GenerateDerenderStreamResponse,
     ParseContext,
     TextJob,
+    moved_key,
     prompt_key,
 )
 from deployments.render import build_render_state
@@ -97,8 +99,9 @@ class Derender(ChannelSource):
     ) -> AsyncGenerator[Any, None]:
         """Generate's items for ``request``, which go on on another replica if the
         one that took it is lost (``transport/migration.py``)."""
+        moves = itertools.count()
         items = migrating(
-            lambda current, avoid: self._generate_call(current, key, avoid),
+            lambda current, avoid: self._generate_call(current, moved_key(key, next(moves)), avoid),
             request,
             self._config.generate.migration_limit,
         )

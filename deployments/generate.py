@@ -54,7 +54,8 @@ from deployments.text.output import TextOutput, tokens_request
 from deployments.transport.coalesce import coalesced
 from deployments.transport.concurrently import all_or_none
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
-from deployments.transport.replica_loss import EngineLostError
+from deployments.transport.replica_loss import EngineLostError, ReplicaLeavingError
+from deployments.transport.serve_internals import ServeInternalsChanged, draining_probe
 from deployments.transport.step_channel import ChannelSource, Outboxes
 from deployments.vllm_adapter.engine_args import serve_namespace
 from deployments.vllm_adapter.engine_metrics import local_vllm_metrics
@@ -71,8 +72,9 @@ from deployments.vllm_adapter.worker_fork import remember_worker_start
 # Takes the namespace `vllm serve` would parse (vllm_args.serve_namespace).
 EngineFactory = Callable[[argparse.Namespace], Awaitable[Any]]
 logger = logging.getLogger("ray.serve")
-# How often a replica looks at its engine, and how long a replica whose engine
-# died lets the error items it already yielded reach their callers before it exits.
+# How often a replica looks at its engine and whether Serve is stopping it, and how
+# long a replica whose engine died lets the error items it already yielded reach
+# their callers before it exits.
 ENGINE_WATCH_S = 0.2
 DEAD_ENGINE_EXIT_GRACE_S = 0.5
 _ERROR_EVENT = 'data: {"error"'
@@ -92,6 +94,16 @@ async def start_vllm_engine(args: argparse.Namespace) -> Any:
         enable_log_requests=engine_args.enable_log_requests,
         disable_log_stats=engine_args.disable_log_stats,
     )
+
+
+def _draining_probe() -> Callable[[], bool]:
+    """Whether Serve is stopping this replica; never, where Serve no longer lets it be
+    read (a Ray upgrade): then its streams last only as long as Serve waits."""
+    try:
+        return draining_probe()
+    except ServeInternalsChanged as exc:
+        logger.warning("streams cannot move off a replica Serve stops: %s", exc)
+        return lambda: False
 
 
 def replica_cores(allowed: list[int], cores: int, local_rank: int) -> list[int]:
@@ -146,6 +158,10 @@ class Generate(ChannelSource):
         # The bound calls in flight, by their caller's key: a caller that died (a
         # Derender replica) cannot cancel them, so the Ingress ends them by key.
         self._calls: dict[str, EngineCall] = {}
+        # Every call in flight, and whether Serve is stopping this replica (_leave).
+        self._running: set[EngineCall] = set()
+        self._leaving = False
+        self._draining = _draining_probe()
         self._blocks: EngineBlocks | None = None
         self._events: EventSubscriber | None = None
         keying = engine_keying(self._engine.vllm_config) if prefix else None
@@ -164,18 +180,41 @@ class Generate(ChannelSource):
         # The channel runs on this loop, the engine's, so its aborts need no hop.
         self._control = ControlChannel(control, "generate", self._replica, self._on_control)
         await self._control.start(timeout_s=CONTROL_SUBSCRIBE_TIMEOUT_S)
-        self._watchdog = asyncio.create_task(self._exit_when_engine_dies())
+        self._watchdog = asyncio.create_task(self._watch())
 
-    async def _exit_when_engine_dies(self) -> None:
+    async def _watch(self) -> None:
         """A replica without an engine leaves at once, so Serve routes around it and
         starts another, rather than after three failed health checks (~30 s), in
-        which every request routed here would fail. Its callers see the actor die:
-        streams end with an error event and ``[DONE]``, as for a killed replica."""
+        which every request routed here would fail. Its callers see the actor die
+        or its calls raise ``EngineLostError``, and move the streams that can move
+        (``transport/migration.py``). A replica Serve is stopping hands its streams
+        back the same way (``_leave``)."""
         while not self._engine.errored:
+            if not self._leaving and self._draining():
+                self._leave()
+            if self._leaving and not any(call.movable for call in self._running):
+                self._outboxes.end()  # its streams moved: its channels can go too
             await asyncio.sleep(ENGINE_WATCH_S)
         logger.error("engine of replica %s died: exiting so Serve replaces it", self._replica)
         await asyncio.sleep(DEAD_ENGINE_EXIT_GRACE_S)
         os._exit(1)
+
+    def _leave(self) -> None:
+        """Serve is stopping this replica (a scale-in, a redeploy): rather than wait
+        for its streams until ``graceful_shutdown_timeout_s`` cuts them, every call
+        that can move raises ``ReplicaLeavingError`` at its next engine event (a
+        unary one at once), and so does every call that still arrives, so that its
+        caller makes it again on another replica from where it was. Inline text
+        cannot move yet: it goes on for as long as Serve waits."""
+        self._leaving = True
+        movable = [call for call in self._running if call.movable]
+        logger.warning(
+            "replica %s is being stopped: moving its %d streams to other replicas",
+            self._replica, len(movable),
+        )  # fmt: skip
+        for call in movable:
+            if call.awaiting:  # a unary call, inside the engine's await
+                call.cancel()
 
     async def generate(
         self, body: dict[str, Any], header_id: str | None, avoid: tuple[str, ...] = ()
@@ -207,7 +246,7 @@ class Generate(ChannelSource):
         call = self._open(key)
         try:
             with call.opening():
-                result = await self._serve_tokens(request)
+                result = await self._serve_tokens(request, call)
             if isinstance(result, (ErrorResponse, GenerateResponseBase)):
                 yield result
                 return
@@ -220,13 +259,20 @@ class Generate(ChannelSource):
             await self._close(call, key)
 
     async def _serve_tokens(
-        self, request: GenerateRequest
+        self, request: GenerateRequest, call: EngineCall
     ) -> ErrorResponse | GenerateResponseBase | AsyncGenerator[str, None]:
         """vLLM's ``serve_tokens``, but a call its engine's death ends raises
         ``EngineLostError`` (its callers may make it again on another replica,
-        ``transport/migration.py``) instead of answering vLLM's error for it."""
+        ``transport/migration.py``) instead of answering vLLM's error for it, and
+        a movable call on a replica Serve is stopping raises ``ReplicaLeavingError``."""
+        if self._leaving and call.movable:
+            raise ReplicaLeavingError(self._replica)
         try:
             result = await self._state.serving_tokens.serve_tokens(request)
+        except asyncio.CancelledError:
+            if self._leaving and call.movable:  # cancelled by _leave
+                raise ReplicaLeavingError(self._replica) from None
+            raise
         except Exception as exc:
             self._raise_if_engine_lost(exc)
             raise
@@ -234,22 +280,27 @@ class Generate(ChannelSource):
             self._raise_if_engine_lost()
         if isinstance(result, (ErrorResponse, GenerateResponseBase)):
             return result
-        return self._engine_events(result)
+        return self._engine_events(result, call.movable)
 
-    async def _engine_events(self, events: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
+    async def _engine_events(
+        self, events: AsyncGenerator[str, None], movable: bool
+    ) -> AsyncGenerator[str, None]:
         async with contextlib.aclosing(events):
             async for event in events:
                 # vLLM ends a stream its engine failed with an error event.
                 if event.startswith(_ERROR_EVENT):
                     self._raise_if_engine_lost()
+                if self._leaving and movable:
+                    raise ReplicaLeavingError(self._replica)
                 yield event
 
     def _raise_if_engine_lost(self, error: BaseException | None = None) -> None:
         if self._engine.errored:
             raise EngineLostError(self._replica) from error
 
-    def _open(self, key: str | None) -> EngineCall:
-        call = EngineCall()
+    def _open(self, key: str | None, movable: bool = True) -> EngineCall:
+        call = EngineCall(movable)
+        self._running.add(call)
         if key is not None:
             self._calls[key] = call
         return call
@@ -260,6 +311,7 @@ class Generate(ChannelSource):
         ``CancelledError`` into the call, and another request may share its id."""
         if key is not None and self._calls.get(key) is call:
             del self._calls[key]
+        self._running.discard(call)
         await call.close()
 
     async def text(self, rendered: RenderedText, avoid: tuple[str, ...] = ()) -> AsyncIterator[Any]:
@@ -273,12 +325,18 @@ class Generate(ChannelSource):
                 "inline text needs a tokenizer on Generate, but this graph runs tokens_only"
             )
             return
+        if self._leaving:  # before a first item: the Ingress calls another replica
+            raise ReplicaLeavingError(self._replica)
         job = rendered.open()
         yield served_by("inline", with_pid=self._config.expose_replica_pid)
         stream = bool(job.generate_request.stream)
         # Tokens are asked for (tokens_request): a unary result is a tokens response.
-        serve: Callable[[GenerateRequest], Awaitable[Any]] = self._serve_tokens
-        call = self._open(None)
+        # Its stream derenderer's state is here, so it does not move (yet).
+        call = self._open(None, movable=False)
+
+        def serve(request: GenerateRequest) -> Awaitable[Any]:
+            return self._serve_tokens(request, call)
+
         try:
             if job.batch is None:
                 with call.opening():

@@ -71,9 +71,17 @@ def prompt_key(key: str, prompt: int) -> str:
     return f"{key}/{prompt}"
 
 
+def moved_key(key: str, move: int) -> str:
+    """The key of a Generate call made again after ``move`` moves of its stream
+    (``transport/migration.py``): its own on the step channel, since events of the
+    lost call may still be on their way there (they travel apart from its error),
+    and of the same text call."""
+    return key if move == 0 else f"{key}~{move}"
+
+
 def text_call_key(key: str) -> str:
     """The text call a Generate call's key belongs to (itself for a single prompt)."""
-    return key.split("/", 1)[0]
+    return key.split("/", 1)[0].split("~", 1)[0]
 
 
 class ParseContext(BaseModel):

@@ -5,7 +5,10 @@ already taken it out of rotation), and a Generate replica is lost to its calls
 as soon as its engine died: it exits within a second (``Generate``'s watchdog),
 and raises :class:`EngineLostError` in every call its engine ended meanwhile,
 so its callers know the call may be made again elsewhere
-(``transport/migration.py``) rather than told as the engine's error.
+(``transport/migration.py``) rather than told as the engine's error. A Generate
+replica that Serve stops (a scale-in, a redeploy) ends its calls the same way,
+with :class:`ReplicaLeavingError`, rather than have them cut when its grace
+period runs out.
 """
 
 from __future__ import annotations
@@ -25,6 +28,19 @@ class EngineLostError(RuntimeError):
 
     def __reduce__(self) -> tuple[type[EngineLostError], tuple[str]]:
         return EngineLostError, (self.replica,)
+
+
+class ReplicaLeavingError(EngineLostError):
+    """Serve is stopping Generate replica ``replica`` (a scale-in, a redeploy): it
+    takes no more calls and hands those it runs back to their callers, to be made
+    again on another replica."""
+
+    def __init__(self, replica: str):
+        RuntimeError.__init__(self, f"Generate replica {replica} is being stopped")
+        self.replica = replica
+
+    def __reduce__(self) -> tuple[type[ReplicaLeavingError], tuple[str]]:
+        return ReplicaLeavingError, (self.replica,)
 
 
 def lost_engine_replica(exc: BaseException) -> str | None:

@@ -14,7 +14,7 @@ import asyncio
 import concurrent.futures
 import logging
 import logging.handlers
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,6 +148,31 @@ def assignment_future(
     call a replica (``DeploymentResponse._replica_result_future``, and the same on
     ``DeploymentResponseGenerator``); None if unknown."""
     return getattr(response, "_replica_result_future", None)
+
+
+def draining_probe() -> Callable[[], bool]:
+    """In a replica: a function that says whether Serve has begun to stop it (a
+    scale-in, a redeploy, ``serve shutdown``).
+
+    Serve gives user code no hook when it starts to stop a replica: ``__del__`` runs
+    after the drain, which waits for every ongoing request up to
+    ``graceful_shutdown_timeout_s``. It reads ``Replica._shutting_down``, set first
+    thing in ``Replica._perform_graceful_shutdown``, on this process's
+    ``ReplicaActor`` (``ray._private.worker.global_worker.actors[actor_id]._replica_impl``).
+    """
+    try:
+        from ray._private.worker import global_worker
+
+        replica = global_worker.actors[global_worker.actor_id]._replica_impl
+        if not isinstance(replica._shutting_down, bool):
+            raise TypeError(f"_shutting_down is a {type(replica._shutting_down).__name__}")
+    except (ImportError, KeyError, AttributeError, TypeError) as exc:
+        raise ServeInternalsChanged(f"ReplicaActor._replica_impl._shutting_down: {exc!r}") from exc
+
+    def draining() -> bool:
+        return bool(replica._shutting_down)
+
+    return draining
 
 
 def ping_actor(actor: Any) -> Awaitable[Any]:

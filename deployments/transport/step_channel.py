@@ -71,12 +71,18 @@ class Outbox:
         self._items: list[tuple[str, Any]] = []
         self._wake = asyncio.Event()
         self.closed = False
+        self._ending = False
 
     def put(self, key: str, item: Any) -> None:
         """Queue ``item`` for the channel."""
         if self.closed:
             raise ChannelClosedError("the caller's step channel to this replica is closed")
         self._items.append((key, item))
+        self._wake.set()
+
+    def end(self) -> None:
+        """End the channel once what is queued has gone (its replica is leaving)."""
+        self._ending = True
         self._wake.set()
 
     async def batches(self, window_s: float) -> AsyncIterator[list[tuple[str, Any]]]:
@@ -102,7 +108,10 @@ class Outbox:
             await asyncio.sleep(0)
             self._wake.clear()
             items, self._items = self._items, []
-            yield items
+            if items:
+                yield items
+            if self._ending:
+                return
             last_sent = loop.time()
 
 
@@ -136,6 +145,13 @@ class Outboxes:
             outbox.put(key, item)
         if outbox is not None:
             outbox.put(key, STREAM_END)
+
+    def end(self) -> None:
+        """End every caller's channel here once what is queued has gone: a replica
+        that Serve is stopping and whose streams moved, so that Serve, which counts
+        a channel as an ongoing request, need not wait for it."""
+        for box in self._boxes.values():
+            box.end()
 
     async def drain(
         self, caller: str, replica: str, window_s: float

@@ -47,9 +47,13 @@ def record_streams(engine: Any) -> None:
 class EngineCall:
     """The engine streams of one Generate call, and the task that reads them."""
 
-    def __init__(self) -> None:
+    def __init__(self, movable: bool = True) -> None:
         self._streams: list[AsyncGenerator[Any, None]] = []
         self.task = asyncio.current_task()
+        # Whether its caller can make it again elsewhere (Generate._leave), and
+        # whether it is inside ``opening`` right now: for a unary call, the whole wait.
+        self.movable = movable
+        self.awaiting = False
 
     @contextlib.contextmanager
     def opening(self) -> Iterator[None]:
@@ -58,9 +62,11 @@ class EngineCall:
         Only around a plain ``await`` (never across a ``yield``): the variable is
         the task's, and the task runs nothing else of this call meanwhile."""
         token = _OPENING.set(self._streams)
+        self.awaiting = True
         try:
             yield
         finally:
+            self.awaiting = False
             _OPENING.reset(token)
 
     async def close(self) -> None:

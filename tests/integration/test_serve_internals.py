@@ -57,3 +57,9 @@ def test_replica_log_buffers_are_serves_buffered_file_handlers(seen: dict[str, A
 def test_grpc_cap_and_proxy_ids_inside_a_replica(seen: dict[str, Any]) -> None:
     assert seen["grpc_cap"] == int(SERVE_ENV["RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH"])
     assert len(seen["proxy_request_id"]) == 36, "proxy_request_id: utils.generate_request_id"
+
+
+def test_draining_probe_turns_when_serve_stops_the_replica(seen: dict[str, Any]) -> None:
+    # ReplicaActor._replica_impl._shutting_down, read inside a replica whose
+    # application is deleted while it serves a call.
+    assert seen["draining"] == [False, True], "draining_probe"

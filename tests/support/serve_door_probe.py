@@ -6,7 +6,8 @@ A local Ray instance of its own (``address="local"``) with the graph's Serve
 switches, no HTTP proxy: ``Probe`` holds a handle to ``Target`` and, from
 inside its replica as the graph's tiers do, reads the router state, a call's
 assignment future, its own actor's liveness ping and Serve's replica log
-handlers. One JSON line on stdout.
+handlers; a ``Leaver`` replica reads its draining flag while Serve stops it.
+One JSON line on stdout.
 """
 
 from __future__ import annotations
@@ -39,6 +40,21 @@ class Target:
 class ZeroTarget:
     async def __call__(self) -> str:
         return "ok"
+
+
+@serve.deployment(name="Leaver", ray_actor_options={"num_cpus": 0})
+class Leaver:
+    """Says what ``draining_probe`` reads, then waits until it turns, while its
+    application is deleted."""
+
+    async def watch(self) -> Any:
+        draining = door.draining_probe()
+        yield draining()
+        for _ in range(600):  # a minute at most: Serve gives it 20 s by default
+            if draining():
+                yield True
+                return
+            await asyncio.sleep(0.1)
 
 
 @serve.deployment(name="Probe", ray_actor_options={"num_cpus": 0})
@@ -84,6 +100,19 @@ async def probe() -> dict[str, Any]:
     # Under the graph's switches a handle routes on its caller's event loop.
     seen: dict[str, Any] = await handle.check.remote()
     seen["proxy_request_id"] = door.proxy_request_id()
+    seen["draining"] = await _draining_seen()
+    return seen
+
+
+async def _draining_seen() -> list[bool]:
+    """What a replica's ``draining_probe`` says before and while Serve stops it."""
+    leaver = serve.run(Leaver.bind(), name="leaver", route_prefix=None)
+    watch = leaver.options(stream=True).watch.remote()
+    seen: list[bool] = [await anext(watch)]
+    # The replica is running the call: now stop it.
+    deleting = asyncio.create_task(asyncio.to_thread(serve.delete, "leaver"))
+    seen.extend([draining async for draining in watch])
+    await deleting
     return seen
 
 

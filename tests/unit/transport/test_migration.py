@@ -22,7 +22,12 @@ from deployments.transport.migration import (
     continued_event,
     migrating,
 )
-from deployments.transport.replica_loss import EngineLostError, callee_lost, lost_engine_replica
+from deployments.transport.replica_loss import (
+    EngineLostError,
+    ReplicaLeavingError,
+    callee_lost,
+    lost_engine_replica,
+)
 from deployments.transport.step_channel import ChannelClosedError
 
 
@@ -164,9 +169,38 @@ def test_moves_are_bounded_and_only_for_a_lost_callee() -> None:
     assert len(seen) == 1
 
 
+def test_a_stream_whose_replica_is_being_stopped_moves_and_keeps_away_from_it() -> None:
+    # A scale-in or redeploy: Generate hands the stream back as it stops.
+    seen, call = _calls(
+        [_event([5]), ReplicaLeavingError("replica-a")],
+        [_event([6], "length"), "data: [DONE]\n\n"],
+    )
+    events = asyncio.run(_all(migrating(call, _request(max_tokens=2, min_tokens=0), limit=3)))
+    assert [r.token_ids for r in seen] == [[1, 2, 3], [1, 2, 3, 5]]
+    assert avoided == [(), ("replica-a",)]
+    assert Delivered(events).read() == ([5, 6], True)
+
+
 def test_what_counts_as_a_lost_callee() -> None:
     assert callee_lost(EngineLostError("replica-a"))
+    leaving = pickle.loads(pickle.dumps(ReplicaLeavingError("b")))
+    assert type(leaving) is ReplicaLeavingError and callee_lost(leaving)
+    assert lost_engine_replica(leaving) == "b"
     assert lost_engine_replica(pickle.loads(pickle.dumps(EngineLostError("a")))) == "a"
     assert callee_lost(ChannelClosedError("the step channel ended"))
     assert not callee_lost(ValueError("bad input"))
     assert not callee_lost(asyncio.CancelledError())
+
+
+def test_a_call_made_again_has_a_channel_key_of_its_own_in_the_same_text_call() -> None:
+    """The lost call's last events travel on its channel apart from its error, and may
+    arrive after the stream moved: routed by the old key, they would reach the new
+    call (a token twice). An abort of the text call must still reach the new one."""
+    from deployments.messages.tier import moved_key, prompt_key, text_call_key
+
+    assert moved_key("k", 0) == "k"
+    keys = {moved_key("k", move) for move in range(3)} | {
+        moved_key(prompt_key("k", 1), move) for move in range(3)
+    }
+    assert len(keys) == 6
+    assert {text_call_key(key) for key in keys} == {"k"}

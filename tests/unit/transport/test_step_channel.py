@@ -76,6 +76,17 @@ def test_a_closed_channel_refuses_events_and_a_new_one_starts_empty() -> None:
     asyncio.run(run())
 
 
+def test_an_ended_channel_sends_what_is_queued_then_ends() -> None:
+    # A Generate replica that Serve stops, once its streams moved (Generate._watch).
+    async def run() -> list[list[tuple[str, object]]]:
+        boxes = Outboxes("replica")
+        boxes.get("caller").put("k", STREAM_END)
+        boxes.end()
+        return [batch async for batch in boxes.drain("caller", "replica", 0)]
+
+    assert asyncio.run(run()) == [[("k", STREAM_END)]]
+
+
 def test_an_idle_channel_sends_empty_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     # A channel whose caller died ends at its next send, freeing its slot.
     monkeypatch.setattr("deployments.transport.step_channel.KEEPALIVE_S", 0.05)
