@@ -19,8 +19,10 @@ in ``deployments/declarations/derender.py``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -67,11 +69,16 @@ from deployments.routing.pinned_router import avoiding
 from deployments.text.output import ChunkEvent, TextOutput, openai_event, tokens_request
 from deployments.text.sse import sse_event
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
+from deployments.transport.leaving import LeaveWatch
 from deployments.transport.migration import migrating
 from deployments.transport.replica_assignment import wait_routed
+from deployments.transport.replica_loss import ReplicaLeavingError
 from deployments.transport.step_channel import ChannelSource, Outboxes, StepChannels
 from deployments.vllm_adapter.internals import client_request_id
 
+logger = logging.getLogger("ray.serve")
+# How often a replica looks whether Serve is stopping it.
+LEAVE_WATCH_S = 0.5
 _DERENDER_CHAT = TypeAdapter(DerenderChatRequestUnion)
 _DERENDER_COMPLETION = TypeAdapter(DerenderCompletionRequestUnion)
 
@@ -85,14 +92,34 @@ class Derender(ChannelSource):
         self._state = await build_render_state(config)
         self._text = TextOutput(self._state.online_derenderer, self._state.serving_derender)
         self._generate = generate.options(stream=True)
-        replica = serve.get_replica_context().replica_id.unique_id
+        replica = self._replica = serve.get_replica_context().replica_id.unique_id
         self._generate_channels = StepChannels(generate, replica)
         # The Ingress's step channels to this replica.
         self._outboxes = Outboxes(replica)
+        self._leave_watch = LeaveWatch(self._outboxes)
+        self._watch = asyncio.create_task(self._watch_leaving())
         # Request ids of the stateful streams this replica holds right now.
         self._streams: dict[str, int] = {}
         self._control = ControlChannel(control, "derender", replica, self._on_control)
         await self._control.start(timeout_s=CONTROL_SUBSCRIBE_TIMEOUT_S)
+
+    async def _watch_leaving(self) -> None:
+        """A replica Serve stops (the tier scaled in, a redeploy) takes no new streams
+        and finishes those it holds, which its ``graceful_shutdown_timeout_s`` covers
+        (their text state is here); then its step channels end, so Serve need not
+        wait for them."""
+        while True:
+            if self._leave_watch.poll(busy=self._outboxes.bound > 0):
+                logger.warning(
+                    "replica %s is being stopped: finishing its %d streams, taking no more",
+                    self._replica, self._outboxes.bound,
+                )  # fmt: skip
+            await asyncio.sleep(LEAVE_WATCH_S)
+
+    def _refuse_if_leaving(self) -> None:
+        """Before a call's first item: the Ingress then calls another replica."""
+        if self._leave_watch.leaving:
+            raise ReplicaLeavingError(self._replica)
 
     async def _generate_events(
         self, request: GenerateRequest, key: str
@@ -132,6 +159,7 @@ class Derender(ChannelSource):
     ) -> AsyncIterator[Any]:
         """Tier placement: OpenAI chat/completion output for a rendered request,
         a stream's events on the caller's step channel."""
+        self._refuse_if_leaving()
         items = self._text_items(rendered.open(), openai_event, key)
         marked = _prepend(served_by("tier", with_pid=self._config.expose_replica_pid), items)
         async for item in self._outboxes.bind(ingress_items(marked), caller, key):
@@ -194,6 +222,9 @@ class Derender(ChannelSource):
         return sum(1 for i in wanted if i in self._streams)
 
     def __del__(self) -> None:
+        watch = getattr(self, "_watch", None)
+        if watch is not None:
+            watch.cancel()
         control = getattr(self, "_control", None)
         if control is not None:
             control.stop()
@@ -208,6 +239,7 @@ class Derender(ChannelSource):
         streamed, a stream's events on the caller's step channel. ``body`` is the
         generate body, ``context`` its ``parse_context``, as the client sent them,
         ``header_id`` its ``X-Request-Id``."""
+        self._refuse_if_leaving()
         items = ingress_items(self._derender_items(named_by_header(body, header_id), context, key))
         async for item in self._outboxes.bind(items, caller, key):
             yield item

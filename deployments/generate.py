@@ -54,8 +54,8 @@ from deployments.text.output import TextOutput, tokens_request
 from deployments.transport.coalesce import coalesced
 from deployments.transport.concurrently import all_or_none
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
+from deployments.transport.leaving import LeaveWatch
 from deployments.transport.replica_loss import EngineLostError, ReplicaLeavingError
-from deployments.transport.serve_internals import ServeInternalsChanged, draining_probe
 from deployments.transport.step_channel import ChannelSource, Outboxes
 from deployments.vllm_adapter.engine_args import serve_namespace
 from deployments.vllm_adapter.engine_metrics import local_vllm_metrics
@@ -96,14 +96,11 @@ async def start_vllm_engine(args: argparse.Namespace) -> Any:
     )
 
 
-def _draining_probe() -> Callable[[], bool]:
-    """Whether Serve is stopping this replica; never, where Serve no longer lets it be
-    read (a Ray upgrade): then its streams last only as long as Serve waits."""
-    try:
-        return draining_probe()
-    except ServeInternalsChanged as exc:
-        logger.warning("streams cannot move off a replica Serve stops: %s", exc)
-        return lambda: False
+def _uncancel() -> None:
+    """The task goes on, answering for its cancellation (``Generate._leave``)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        task.uncancel()
 
 
 def replica_cores(allowed: list[int], cores: int, local_rank: int) -> list[int]:
@@ -161,7 +158,6 @@ class Generate(ChannelSource):
         # Every call in flight, and whether Serve is stopping this replica (_leave).
         self._running: set[EngineCall] = set()
         self._leaving = False
-        self._draining = _draining_probe()
         self._blocks: EngineBlocks | None = None
         self._events: EventSubscriber | None = None
         keying = engine_keying(self._engine.vllm_config) if prefix else None
@@ -176,6 +172,7 @@ class Generate(ChannelSource):
         self._state = checked_app_state(state, ENGINE_APP_STATE_NAMES)
         self._text = TextOutput(state.online_derenderer, state.serving_derender)
         self._outboxes = Outboxes(self._replica)
+        self._leave_watch = LeaveWatch(self._outboxes)
         # Aborts and /metrics reach this replica even when its streams fill every slot.
         # The channel runs on this loop, the engine's, so its aborts need no hop.
         self._control = ControlChannel(control, "generate", self._replica, self._on_control)
@@ -190,10 +187,8 @@ class Generate(ChannelSource):
         (``transport/migration.py``). A replica Serve is stopping hands its streams
         back the same way (``_leave``)."""
         while not self._engine.errored:
-            if not self._leaving and self._draining():
+            if self._leave_watch.poll(busy=any(call.movable for call in self._running)):
                 self._leave()
-            if self._leaving and not any(call.movable for call in self._running):
-                self._outboxes.end()  # its streams moved: its channels can go too
             await asyncio.sleep(ENGINE_WATCH_S)
         logger.error("engine of replica %s died: exiting so Serve replaces it", self._replica)
         await asyncio.sleep(DEAD_ENGINE_EXIT_GRACE_S)
@@ -271,6 +266,7 @@ class Generate(ChannelSource):
             result = await self._state.serving_tokens.serve_tokens(request)
         except asyncio.CancelledError:
             if self._leaving and call.movable:  # cancelled by _leave
+                _uncancel()
                 raise ReplicaLeavingError(self._replica) from None
             raise
         except Exception as exc:
@@ -278,6 +274,10 @@ class Generate(ChannelSource):
             raise
         if isinstance(result, ErrorResponse):
             self._raise_if_engine_lost()
+            if self._leaving and call.movable:
+                # Cancelled by _leave: vLLM answers that "Client disconnected".
+                _uncancel()
+                raise ReplicaLeavingError(self._replica)
         if isinstance(result, (ErrorResponse, GenerateResponseBase)):
             return result
         return self._engine_events(result, call.movable)

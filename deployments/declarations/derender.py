@@ -22,6 +22,10 @@ DERENDER_AUTOSCALING: dict[str, Any] = {
 }
 
 
+# Long enough for a long reasoning stream on a GPU engine.
+DERENDER_DRAIN_S = 600
+
+
 def derender_max_replicas(config: GraphConfig) -> int:
     """The most Derender replicas ``config`` allows: each may hold a step channel on
     every Generate replica."""
@@ -41,6 +45,11 @@ def derender_deployment(config: GraphConfig, channel_callers: int) -> Deployment
             # without end (Serve's default is no bound).
             max_queued_requests=1024,
             autoscaling_config=DERENDER_AUTOSCALING,
+            # A replica Serve stops finishes its streams (their text state is here)
+            # and then ends its step channels (transport/leaving.py): Serve's wait
+            # lasts as long as its longest stream, up to this, not Serve's 20 s.
+            graceful_shutdown_timeout_s=DERENDER_DRAIN_S,
+            graceful_shutdown_wait_loop_s=0.5,
             request_router_config=PINNED_ROUTING,
         )
     )

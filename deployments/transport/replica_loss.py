@@ -31,12 +31,12 @@ class EngineLostError(RuntimeError):
 
 
 class ReplicaLeavingError(EngineLostError):
-    """Serve is stopping Generate replica ``replica`` (a scale-in, a redeploy): it
-    takes no more calls and hands those it runs back to their callers, to be made
-    again on another replica."""
+    """Serve is stopping replica ``replica`` (a scale-in, a redeploy): it takes no more
+    calls, and a Generate replica hands those it runs back to their callers, to be
+    made again on another replica (``transport/leaving.py``)."""
 
     def __init__(self, replica: str):
-        RuntimeError.__init__(self, f"Generate replica {replica} is being stopped")
+        RuntimeError.__init__(self, f"replica {replica} is being stopped")
         self.replica = replica
 
     def __reduce__(self) -> tuple[type[ReplicaLeavingError], tuple[str]]:

@@ -121,6 +121,8 @@ class Outboxes:
     def __init__(self, replica: str) -> None:
         self._replica = replica
         self._boxes: dict[str, Outbox] = {}
+        self.bound = 0
+        """Streams bound here right now (``bind``)."""
 
     def get(self, caller: str) -> Outbox:
         """The caller's outbox; events wait in it until the caller's channel drains it."""
@@ -134,17 +136,21 @@ class Outboxes:
         the first SSE event; that one on ``OnChannel``, and the rest on the caller's
         channel. Raises what ``items`` raises, or if the channel broke."""
         outbox: Outbox | None = None
-        async for item in items:
-            if outbox is None:
-                if not isinstance(item, str):
-                    yield item
+        self.bound += 1
+        try:
+            async for item in items:
+                if outbox is None:
+                    if not isinstance(item, str):
+                        yield item
+                        continue
+                    outbox = self.get(caller)
+                    yield OnChannel(self._replica, item)
                     continue
-                outbox = self.get(caller)
-                yield OnChannel(self._replica, item)
-                continue
-            outbox.put(key, item)
-        if outbox is not None:
-            outbox.put(key, STREAM_END)
+                outbox.put(key, item)
+            if outbox is not None:
+                outbox.put(key, STREAM_END)
+        finally:
+            self.bound -= 1
 
     def end(self) -> None:
         """End every caller's channel here once what is queued has gone: a replica

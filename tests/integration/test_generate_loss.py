@@ -114,13 +114,13 @@ def test_a_lost_generate_replica_moves_tier_streams_and_with_none_live_requests_
     stream.start()
     assert stream.wait_first(60) and stream.error is None, stream.error
     assert stream.headers["x-served-by"] == holder, "the long turn left its conversation"
-    prompt, bodies = _moving_bodies(client, conversation.messages)
+    prompt, bodies = moving_bodies(client, conversation.messages)
     moving = {kind: Stream(str(client.base_url), *body) for kind, body in bodies.items()}
     for moving_stream in moving.values():
         moving_stream.start()
     deadline = time.monotonic() + HANG_GUARD_S
-    while not all(len(_token_ids(m)) >= KILL_AFTER or m.ended_at for m in moving.values()):
-        assert time.monotonic() < deadline, {k: len(_token_ids(m)) for k, m in moving.items()}
+    while not all(len(token_ids(m)) >= KILL_AFTER or m.ended_at for m in moving.values()):
+        assert time.monotonic() < deadline, {k: len(token_ids(m)) for k, m in moving.items()}
         time.sleep(0.05)
     # The Ingress's router and the tier's (one per Derender replica) sent them where
     # their prefix is.
@@ -154,15 +154,7 @@ def test_a_lost_generate_replica_moves_tier_streams_and_with_none_live_requests_
     # The moved streams: whole, as an uninterrupted run ends.
     for kind, moved in moving.items():
         moved.join(120)
-        assert moved.error is None, (kind, moved.error)
-        assert [e for e in moved.events if isinstance(e, dict) and "error" in e] == [], kind
-        assert moved.events.count("[DONE]") == 1 and moved.events[-1] == "[DONE]", kind
-        assert moved.finish_reasons() == ["length"], (kind, moved.events[-3:])
-        assert len(_token_ids(moved)) == MOVING_TOKENS, kind
-        usage = [e["usage"] for e in moved.events if isinstance(e, dict) and e.get("usage")][-1]
-        assert usage["prompt_tokens"] == len(prompt), (kind, usage)
-        assert usage["completion_tokens"] == MOVING_TOKENS, (kind, usage)
-        assert usage["total_tokens"] == len(prompt) + MOVING_TOKENS, (kind, usage)
+        assert_whole(kind, moved, len(prompt), MOVING_TOKENS)
 
     # 2. The survivor is killed under a tier stream: with no replica live, it ends.
     cut_path, cut_body, cut_headers = long_body("tier", client)
@@ -226,7 +218,7 @@ def test_a_lost_generate_replica_moves_tier_streams_and_with_none_live_requests_
     if graph.process is not None:
         moves = _moves(graph, log_start)
         for kind, moved in moving.items():
-            tokens = _token_ids(moved)
+            tokens = token_ids(moved)
             at = [after for request_id, after in moves if request_id in moved.stream_id]
             assert len(at) == 1 and KILL_AFTER <= at[0] < MOVING_TOKENS, (kind, moves)
             fresh = client.post(
@@ -244,8 +236,11 @@ def test_a_lost_generate_replica_moves_tier_streams_and_with_none_live_requests_
             assert fresh.json()["choices"][0]["token_ids"] == tokens[at[0] :], kind
 
 
-def _moving_bodies(
-    client: httpx.Client, messages: list[dict[str, Any]]
+def moving_bodies(
+    client: httpx.Client,
+    messages: list[dict[str, Any]],
+    tokens: int = MOVING_TOKENS,
+    pace_ms: float = MOVING_PACE_MS,
 ) -> tuple[list[int], dict[str, tuple[str, dict[str, Any], dict[str, str]]]]:
     """The prompt's token ids, and greedy paced streams of the conversation's next
     turn, as tier chat and as each ``output_mode`` of generate, each returning its
@@ -253,13 +248,13 @@ def _moving_bodies(
     chat: dict[str, Any] = {
         "model": MODEL,
         "messages": [*messages, {"role": "user", "content": "Count on, one word at a time."}],
-        "max_tokens": MOVING_TOKENS,
+        "max_tokens": tokens,
         "temperature": 0,
         "ignore_eos": True,
         "return_token_ids": True,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "vllm_xargs": {"pace_ms": MOVING_PACE_MS},
+        "vllm_xargs": {"pace_ms": pace_ms},
     }
     request = rendered(client, {k: v for k, v in chat.items() if k != "stream_options"})
     request.update(stream=True, stream_options={"include_usage": True})
@@ -276,7 +271,21 @@ def _moving_bodies(
     }
 
 
-def _token_ids(stream: Stream) -> list[int]:
+def assert_whole(kind: str, stream: Stream, prompt_tokens: int, tokens: int) -> None:
+    """A stream that ended as an uninterrupted greedy run of ``tokens`` ends: no
+    error event, one ``[DONE]`` last, every token once, ``usage`` of the whole."""
+    assert stream.error is None, (kind, stream.error)
+    assert [e for e in stream.events if isinstance(e, dict) and "error" in e] == [], kind
+    assert stream.events.count("[DONE]") == 1 and stream.events[-1] == "[DONE]", kind
+    assert stream.finish_reasons() == ["length"], (kind, stream.events[-3:])
+    assert len(token_ids(stream)) == tokens, kind
+    usage = [e["usage"] for e in stream.events if isinstance(e, dict) and e.get("usage")][-1]
+    assert usage["prompt_tokens"] == prompt_tokens, (kind, usage)
+    assert usage["completion_tokens"] == tokens, (kind, usage)
+    assert usage["total_tokens"] == prompt_tokens + tokens, (kind, usage)
+
+
+def token_ids(stream: Stream) -> list[int]:
     """The token ids a stream delivered so far (choice 0)."""
     return [
         token
