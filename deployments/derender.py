@@ -78,7 +78,7 @@ from deployments.vllm_adapter.internals import client_request_id
 
 logger = logging.getLogger("ray.serve")
 # How often a replica looks whether Serve is stopping it.
-LEAVE_WATCH_S = 0.5
+LEAVE_WATCH_S = 1.0
 _DERENDER_CHAT = TypeAdapter(DerenderChatRequestUnion)
 _DERENDER_COMPLETION = TypeAdapter(DerenderCompletionRequestUnion)
 
@@ -128,7 +128,7 @@ class Derender(ChannelSource):
         one that took it is lost (``transport/migration.py``)."""
         moves = itertools.count()
         items = migrating(
-            lambda current, avoid: self._generate_call(current, moved_key(key, next(moves)), avoid),
+            lambda current, avoid: self._generate_call(current, key, avoid, next(moves)),
             request,
             self._config.generate.migration_limit,
         )
@@ -137,17 +137,19 @@ class Derender(ChannelSource):
                 yield item
 
     async def _generate_call(
-        self, request: GenerateRequest, key: str, avoid: tuple[str, ...]
+        self, request: GenerateRequest, key: str, avoid: tuple[str, ...], move: int = 0
     ) -> AsyncGenerator[Any, None]:
         """One Generate call for ``request``, on a replica not in ``avoid``: a
         stream's events arrive on this replica's step channel to the Generate
         replica that took it. The call is cancelled if we stop early; it carries
-        the caller's ``key``, by which the caller ends it should this replica die."""
+        the caller's ``key``, by which the caller ends it should this replica die.
+        ``move``: how many times the stream moved before (``transport/migration.py``)."""
         call = self._generate_channels.call(
-            "generate_on_channel", request, key=key, **avoiding(avoid)
+            "generate_on_channel", request, key=moved_key(key, move), **avoiding(avoid)
         )
+        patience_s = self._config.generate.migration_wait_s if move else 0.0
         try:
-            if not await wait_routed(call, self._generate):
+            if not await wait_routed(call, self._generate, patience_s):
                 raise Refusal(no_live_replica("Generate"))
             async for item in call:
                 yield item

@@ -281,8 +281,11 @@ class Ingress:
                 return self._generate.generate.remote(body, header_id, **avoiding(avoid))
 
             limit = self._config.generate.migration_limit
+            move_wait_s = self._config.generate.migration_wait_s
             return await respond(
-                lambda avoid: MigratingCall(generate, data, limit, self._generate, avoid),
+                lambda avoid: MigratingCall(
+                    generate, data, limit, self._generate, avoid, move_wait_s
+                ),
                 self._generate,
             )
         return await respond(

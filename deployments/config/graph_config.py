@@ -182,6 +182,13 @@ class GenerateOptions(DeploymentOptions):
         "replica, from the tokens it delivered, at most this many times (every stream but "
         "inline text); 0: it ends with an error event.",
     )
+    migration_wait_s: float = Field(
+        0.0,
+        ge=0,
+        description="How long a stream that moves waits for a Generate replica when none "
+        "is running (the one replica restarting its engine, or redeployed: Serve stops "
+        "it as it starts the next); 0: it ends with an error event at once.",
+    )
 
     def routing_policy(self, class_default_replicas: int = 1) -> Literal["prefix", "pow2"]:
         if self.routing is not None:

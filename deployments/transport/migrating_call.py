@@ -6,8 +6,8 @@ The Ingress streams ``output_mode`` ``tokens`` and ``text`` straight from Genera
 handle response: it watches the first call until a replica takes it, then iterates
 it and cancels it when the client goes. :class:`MigratingCall` is that response,
 moved as ``migration.migrating`` moves a stream: each later call is watched the
-same way (no live replica to move to ends the stream, rather than a wait in Serve's
-router for one to start).
+same way (no live replica to move to ends the stream, after ``patience_s``, rather
+than a wait without end in Serve's router for one to start).
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ class MigratingCall:
         limit: int,
         via: DeploymentHandle[Any],
         avoid: tuple[str, ...] = (),
+        patience_s: float = 0.0,
     ) -> None:
         self._call = call
         self._via = via
+        self._patience_s = patience_s
         self.handle_response = call(body, avoid)
         """The current call's own response, which ``replica_assignment.wait_routed`` watches."""
         self._first: Any = self.handle_response
@@ -50,7 +52,7 @@ class MigratingCall:
         response, self._first = self._first, None
         if response is None:  # a move
             response = self.handle_response = self._call(body, avoid)
-            if not await wait_routed(response, self._via):
+            if not await wait_routed(response, self._via, self._patience_s):
                 response.cancel()
                 raise NoReplicaToMoveToError("no Generate replica is running to move to")
         try:

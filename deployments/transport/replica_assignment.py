@@ -42,12 +42,16 @@ def no_replica_to_route_to(handle: DeploymentHandle[Any]) -> bool:
     return view is not None and view.running == 0 and view.scales_to_zero is False
 
 
-async def wait_routed(response: Any, handle: DeploymentHandle[Any]) -> bool:
-    """Until a replica has taken the call (True), or its router has none for it (False).
+async def wait_routed(
+    response: Any, handle: DeploymentHandle[Any], patience_s: float = 0.0
+) -> bool:
+    """Until a replica has taken the call (True), or its router has had none for it
+    for ``patience_s`` (False; at once by default).
 
     ``response`` is what ``handle.<method>.remote(...)`` returned. On False the
     caller cancels it and answers 503. Unknown (a Ray that moved the future)
-    counts as taken: the call goes on as Serve runs it.
+    counts as taken: the call goes on as Serve runs it. Meanwhile Serve's router
+    holds the call, and sends it to the first replica that starts.
     """
     future = assignment_future(getattr(response, "handle_response", response))
     if future is None or future.done():
@@ -56,7 +60,9 @@ async def wait_routed(response: Any, handle: DeploymentHandle[Any]) -> bool:
     waiter: asyncio.Future[Any] = (
         asyncio.wrap_future(future) if isinstance(future, concurrent.futures.Future) else future
     )
-    while not no_replica_to_route_to(handle):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience_s
+    while not no_replica_to_route_to(handle) or loop.time() < deadline:
         done, _ = await asyncio.wait({waiter}, timeout=ROUTE_CHECK_S)
         if done:
             # The caller reads the outcome from the response; looked at here so that

@@ -67,7 +67,15 @@ def graph(
 ) -> Iterator[Server]:
     """The graph (after ``oracles``, so vLLM's servers start beside it)."""
     apps = {
-        "default": ("/", {**GRAPH_ARGS, "generate": {"num_replicas": 2, "num_cpus": 0.3}}),
+        "default": (
+            "/",
+            {
+                **GRAPH_ARGS,
+                # A stream that moves while no Generate replica runs waits for the next
+                # (test_generate_loss).
+                "generate": {"num_replicas": 2, "num_cpus": 0.3, "migration_wait_s": 120},
+            },
+        ),
         "tokens-only": (
             TOKENS_ONLY_PREFIX,
             {

@@ -35,6 +35,7 @@ from tests.integration.test_generate_loss import (
     assert_whole,
     moving_bodies,
     token_ids,
+    unary_tokens,
     wait_all_back,
 )
 
@@ -161,13 +162,7 @@ def _streams(
 def _unary(client: httpx.Client, kind: str) -> int:
     """A unary request of SCALE_IN_TOKENS paced tokens; the tokens it returned."""
     _, bodies = moving_bodies(client, [], SCALE_IN_TOKENS, SCALE_IN_PACE_MS)
-    path, body, headers = bodies["tier chat" if kind == "tier" else kind]
-    body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-    answer = client.post(path, json=body, headers=headers, timeout=DEPLOYED_WITHIN_S)
-    assert answer.status_code == 200, (kind, answer.text)
-    choice = answer.json()["choices"][0]
-    assert choice["finish_reason"] == "length", (kind, choice)
-    return len(choice["token_ids"])
+    return unary_tokens(client, *bodies["tier chat" if kind == "tier" else kind])
 
 
 def _wait_tokens(streams: list[tuple[str, Stream]], tokens: int) -> None:

@@ -43,6 +43,11 @@ NO_LIVE_GENERATE = "no Generate replica is running"
 MOVING_TOKENS = 1000
 MOVING_PACE_MS = 10
 KILL_AFTER = 100
+# A stream that waits for a new replica when none is live (graph config's
+# generate.migration_wait_s), then goes on at long_body's pace.
+WAITING_TOKENS = 500
+# Unary requests of the same kinds, killed under too.
+UNARY_KINDS = ("tokens", "tier chat")
 STATS_PERIOD_S = 1.0  # generate.prefix_routing.stats_period_s, the default
 # What a Derender replica logs when it moves a stream (deployments/transport/migration.py).
 MOVED_LINE = re.compile(
@@ -86,9 +91,10 @@ def test_a_lost_generate_replica_moves_tier_streams_and_with_none_live_requests_
        nothing happened (``transport/migration.py``); the conversation's next
        turn is served by the survivor at once.
     2. Before Serve has replaced the first, the survivor is killed: its engine dies
-       with it, a tier stream on it has nowhere to go and ends with an error event,
-       and with no Generate replica live, requests that need one get 503 +
-       Retry-After at once; Render still answers.
+       with it, a tier stream on it has nowhere to go and waits for Serve's next
+       replica (``generate.migration_wait_s``), where it goes on; with no Generate
+       replica live, new requests that need one get 503 + Retry-After at once;
+       Render still answers.
     3. Serve brings both back, and no request outlived either loss. Conversations
        started at once on the new replicas keep each to one: the router names
        their blocks before either new engine has reported what it holds. Each moved
@@ -118,13 +124,16 @@ def test_a_lost_generate_replica_moves_tier_streams_and_with_none_live_requests_
     moving = {kind: Stream(str(client.base_url), *body) for kind, body in bodies.items()}
     for moving_stream in moving.values():
         moving_stream.start()
+    # And two unary requests, which are made again from the start.
+    pool = ThreadPoolExecutor(len(UNARY_KINDS))
+    unary = {kind: pool.submit(unary_tokens, client, *bodies[kind]) for kind in UNARY_KINDS}
     deadline = time.monotonic() + HANG_GUARD_S
     while not all(len(token_ids(m)) >= KILL_AFTER or m.ended_at for m in moving.values()):
         assert time.monotonic() < deadline, {k: len(token_ids(m)) for k, m in moving.items()}
         time.sleep(0.05)
     # The Ingress's router and the tier's (one per Derender replica) sent them where
     # their prefix is.
-    assert running_requests(client).get(holder) == 1 + len(moving), (
+    assert running_requests(client).get(holder) == 1 + len(moving) + len(unary), (
         holder,
         running_requests(client),
     )
@@ -155,9 +164,12 @@ def test_a_lost_generate_replica_moves_tier_streams_and_with_none_live_requests_
     for kind, moved in moving.items():
         moved.join(120)
         assert_whole(kind, moved, len(prompt), MOVING_TOKENS)
+    for kind, answer in unary.items():
+        assert answer.result(120) == MOVING_TOKENS, kind
+    pool.shutdown()
 
-    # 2. The survivor is killed under a tier stream: with no replica live, it ends.
-    cut_path, cut_body, cut_headers = long_body("tier", client)
+    # 2. The survivor is killed under a tier stream: with no replica live, it waits.
+    cut_path, cut_body, cut_headers = long_body("tier", client, tokens=WAITING_TOKENS)
     cut = Stream(str(client.base_url), cut_path, cut_body, cut_headers)
     cut.start()
     assert cut.wait_first(60) and cut.error is None, cut.error
@@ -193,14 +205,18 @@ def test_a_lost_generate_replica_moves_tier_streams_and_with_none_live_requests_
     # Render still answers: only the tiers a request needs decide.
     assert client.post("/tokenize", json={"prompt": "hi"}).status_code == 200
 
-    # The tier stream had nowhere to move: an explicit error, then [DONE]; nothing
-    # of its engine is left running (the engine went with its replica).
-    cut.join(60)
-    assert cut.error is None, cut.error
-    assert cut.events[-1] == "[DONE]"
-    assert [e for e in cut.events if isinstance(e, dict) and "error" in e], cut.events[-3:]
+    # Nothing of the killed engine is left running (it went with its replica).
     _, alive = psutil.wait_procs(engine_processes, timeout=30)
     assert not alive, alive
+    # The tier stream had nowhere to move: it waited for Serve's next replica (an
+    # engine start) and went on there, whole.
+    cut.join(HANG_GUARD_S + 300)
+    assert cut.error is None, cut.error
+    assert [e for e in cut.events if isinstance(e, dict) and "error" in e] == [], cut.events[-3:]
+    assert cut.events.count("[DONE]") == 1 and cut.events[-1] == "[DONE]"
+    assert cut.finish_reasons() == ["length"], cut.events[-3:]
+    usage = [e["usage"] for e in cut.events if isinstance(e, dict) and e.get("usage")][-1]
+    assert usage["completion_tokens"] == WAITING_TOKENS, usage
 
     # 3. Serve replaces both; no request outlived the losses.
     wait_all_back(client, 2)
@@ -283,6 +299,20 @@ def assert_whole(kind: str, stream: Stream, prompt_tokens: int, tokens: int) -> 
     assert usage["prompt_tokens"] == prompt_tokens, (kind, usage)
     assert usage["completion_tokens"] == tokens, (kind, usage)
     assert usage["total_tokens"] == prompt_tokens + tokens, (kind, usage)
+
+
+def unary_tokens(
+    client: httpx.Client, path: str, body: dict[str, Any], headers: dict[str, str]
+) -> int:
+    """The request, unary and with an id of its own: how many tokens it answered."""
+    body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+    if "request_id" in body:
+        body["request_id"] = f"unary-{uuid.uuid4().hex}"
+    answer = client.post(path, json=body, headers=headers, timeout=HANG_GUARD_S + 90)
+    assert answer.status_code == 200, answer.text
+    choice = answer.json()["choices"][0]
+    assert choice["finish_reason"] == "length", choice
+    return len(choice["token_ids"])
 
 
 def token_ids(stream: Stream) -> list[int]:

@@ -95,3 +95,27 @@ def test_a_channel_stream_is_watched_through_its_own_handle_call(router: Router)
     stream = SimpleNamespace(handle_response=call(pending))
     router.view = RouterView(running=0, scales_to_zero=False)
     assert not asyncio.run(wait_routed(stream, HANDLE))
+
+
+def test_a_patient_call_waits_for_a_replica_to_start_and_then_gives_up(router: Router) -> None:
+    """A stream that moves with ``generate.migration_wait_s``: no replica runs, but one
+    may start (the one replica restarting, or redeployed)."""
+    router.view = RouterView(running=0, scales_to_zero=False)
+
+    async def run() -> tuple[bool, bool, bool]:
+        impatient: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        at_once = await wait_routed(call(impatient), HANDLE)
+        started: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        waiting = asyncio.ensure_future(wait_routed(call(started), HANDLE, patience_s=5))
+        await asyncio.sleep(0.6)
+        held = not waiting.done()
+        started.set_result("a new replica")  # Serve's router sends it there
+        routed = await waiting
+        never: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        gave_up = not await wait_routed(call(never), HANDLE, patience_s=0.3)
+        return at_once, held and routed, gave_up
+
+    at_once, waited_and_routed, gave_up = asyncio.run(run())
+    assert not at_once
+    assert waited_and_routed
+    assert gave_up
