@@ -257,10 +257,16 @@ SERVE_RUN_STOP_GRACE_S = 0.0
 
 def graph_env(*, switches: bool = True) -> dict[str, str]:
     """What a graph started here runs with, over the pristine environment: no usage
-    stats, the product's Serve switches (``switches=False``: none, as a user who
-    exports nothing; unset ``SERVE_ENV`` then) and HAProxy's side listeners apart."""
+    stats, no folding of its log lines, the product's Serve switches
+    (``switches=False``: none, as a user who exports nothing; unset ``SERVE_ENV``
+    then) and HAProxy's side listeners apart."""
     return {
         "RAY_USAGE_STATS_ENABLED": "0",
+        # `serve run` prints every replica's lines as they came: Ray's driver folds
+        # lines that differ only in words with digits (a request id) into one
+        # "[repeated Nx across cluster]", and tests read which requests moved from
+        # this log (test_generate_loss lost one move so).
+        "RAY_DEDUP_LOGS": "0",
         **(SERVE_ENV if switches else {}),
         **haproxy_side_ports(),
     }
