@@ -96,13 +96,6 @@ async def start_vllm_engine(args: argparse.Namespace) -> Any:
     )
 
 
-def _uncancel() -> None:
-    """The task goes on, answering for its cancellation (``Generate._leave``)."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        task.uncancel()
-
-
 def replica_cores(allowed: list[int], cores: int, local_rank: int) -> list[int]:
     """The cores of a node's ``local_rank``-th CPU engine when each gets ``cores``.
 
@@ -260,24 +253,19 @@ class Generate(ChannelSource):
         ``EngineLostError`` (its callers may make it again on another replica,
         ``transport/migration.py``) instead of answering vLLM's error for it, and
         a movable call on a replica Serve is stopping raises ``ReplicaLeavingError``."""
-        if self._leaving and call.movable:
-            raise ReplicaLeavingError(self._replica)
+        self._raise_if_left(call)
         try:
             result = await self._state.serving_tokens.serve_tokens(request)
         except asyncio.CancelledError:
-            if self._leaving and call.movable:  # cancelled by _leave
-                _uncancel()
-                raise ReplicaLeavingError(self._replica) from None
+            self._raise_if_left(call)  # cancelled by _leave
             raise
         except Exception as exc:
             self._raise_if_engine_lost(exc)
             raise
         if isinstance(result, ErrorResponse):
             self._raise_if_engine_lost()
-            if self._leaving and call.movable:
-                # Cancelled by _leave: vLLM answers that "Client disconnected".
-                _uncancel()
-                raise ReplicaLeavingError(self._replica)
+            # Cancelled by _leave: vLLM answers that "Client disconnected".
+            self._raise_if_left(call)
         if isinstance(result, (ErrorResponse, GenerateResponseBase)):
             return result
         return self._engine_events(result, call.movable)
@@ -293,6 +281,15 @@ class Generate(ChannelSource):
                 if self._leaving and movable:
                     raise ReplicaLeavingError(self._replica)
                 yield event
+
+    def _raise_if_left(self, call: EngineCall) -> None:
+        """A movable call on a replica Serve is stopping goes back to its caller; one
+        ``_leave`` cancelled goes on to say so."""
+        if self._leaving and call.movable:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                task.uncancel()
+            raise ReplicaLeavingError(self._replica)
 
     def _raise_if_engine_lost(self, error: BaseException | None = None) -> None:
         if self._engine.errored:
