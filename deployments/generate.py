@@ -42,6 +42,7 @@ from deployments.edge.replies import ingress_items
 from deployments.edge.validation import named_by_header, validate
 from deployments.messages.control import ControlCommand, EngineState
 from deployments.messages.replies import RenderedText, served_by
+from deployments.messages.text_steps import TextResume
 from deployments.messages.tier import text_call_key
 from deployments.routing.block_keys import engine_keying, kv_events_config
 from deployments.routing.engine_blocks import (
@@ -50,11 +51,13 @@ from deployments.routing.engine_blocks import (
     EventSubscriber,
     events_endpoint,
 )
+from deployments.text.inline_move import StepLog, inline_movable
 from deployments.text.output import TextOutput, tokens_request
 from deployments.transport.coalesce import coalesced
 from deployments.transport.concurrently import all_or_none
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from deployments.transport.leaving import LeaveWatch
+from deployments.transport.migration import continuation
 from deployments.transport.replica_loss import EngineLostError, ReplicaLeavingError
 from deployments.transport.step_channel import ChannelSource, Outboxes
 from deployments.vllm_adapter.engine_args import serve_namespace
@@ -192,8 +195,9 @@ class Generate(ChannelSource):
         for its streams until ``graceful_shutdown_timeout_s`` cuts them, every call
         that can move raises ``ReplicaLeavingError`` at its next engine event (a
         unary one at once), and so does every call that still arrives, so that its
-        caller makes it again on another replica from where it was. Inline text
-        cannot move yet: it goes on for as long as Serve waits."""
+        caller makes it again on another replica from where it was. What cannot
+        move (multi-prompt completions, inline Responses streams) goes on for as
+        long as Serve waits."""
         self._leaving = True
         movable = [call for call in self._running if call.movable]
         logger.warning(
@@ -311,12 +315,20 @@ class Generate(ChannelSource):
         self._running.discard(call)
         await call.close()
 
-    async def text(self, rendered: RenderedText, avoid: tuple[str, ...] = ()) -> AsyncIterator[Any]:
-        """Inline text placement: OpenAI chat/completion output next to the engine."""
-        async for item in ingress_items(self._text_items(rendered)):
+    async def text(
+        self,
+        rendered: RenderedText,
+        resume: TextResume | None = None,
+        avoid: tuple[str, ...] = (),
+    ) -> AsyncIterator[Any]:
+        """Inline text placement: OpenAI chat/completion output next to the engine;
+        ``resume``: a stream that moved here, to go on from (``text/inline_move.py``)."""
+        async for item in ingress_items(self._text_items(rendered, resume)):
             yield item
 
-    async def _text_items(self, rendered: RenderedText) -> AsyncGenerator[Any, None]:
+    async def _text_items(
+        self, rendered: RenderedText, resume: TextResume | None
+    ) -> AsyncGenerator[Any, None]:
         if self._config.tokens_only:
             yield bad_request(
                 "inline text needs a tokenizer on Generate, but this graph runs tokens_only"
@@ -325,24 +337,39 @@ class Generate(ChannelSource):
         if self._leaving:  # before a first item: the Ingress calls another replica
             raise ReplicaLeavingError(self._replica)
         job = rendered.open()
-        yield served_by("inline", with_pid=self._config.expose_replica_pid)
+        if resume is None:  # a moved stream's client has its headers
+            yield served_by("inline", with_pid=self._config.expose_replica_pid)
         stream = bool(job.generate_request.stream)
-        # Tokens are asked for (tokens_request): a unary result is a tokens response.
-        # Its stream derenderer's state is here, so it does not move (yet).
-        call = self._open(None, movable=False)
+        # A unary call moves as any does before its first item; a stream if its
+        # derenderer can be rebuilt elsewhere from its steps.
+        steps = StepLog(resume) if stream and inline_movable(job) else None
+        call = self._open(None, movable=job.batch is None and (steps is not None or not stream))
 
         def serve(request: GenerateRequest) -> Awaitable[Any]:
             return self._serve_tokens(request, call)
 
         try:
             if job.batch is None:
+                # Tokens are asked for (tokens_request): a unary result is a tokens response.
+                request = tokens_request(job, stream=stream)
+                if resume is not None:
+                    # Not None: a stream that moved had tokens left (DeliveredText).
+                    resumed = continuation(request, resume.token_ids)
+                    assert resumed is not None
+                    request = resumed
                 with call.opening():
-                    result = await serve(tokens_request(job, stream=stream))
-                # tokens_request asks for tokens: a unary result is a tokens response.
+                    result = await serve(request)
                 assert not isinstance(result, GenerateResponseBase) or isinstance(
                     result, GenerateTokensResponse
                 )
-                items = self._text.respond(job, result, self._coalesce_s)
+                if steps is None or not isinstance(result, AsyncIterator):
+                    items = self._text.respond(job, result, self._coalesce_s)
+                else:
+                    source = steps.source(
+                        result, request.request_id, len(job.generate_request.token_ids)
+                    )
+                    events = self._text.respond(job, source, None, tap=steps.saw)
+                    items = coalesced(steps.tagged(events), self._coalesce_s)
             else:
                 # Every prompt on this engine at once, as vLLM's server runs a batch.
                 with call.opening():

@@ -47,11 +47,14 @@ from deployments.edge.tier_calls import (
     responses_stream_error,
 )
 from deployments.messages.replies import RenderedText, Reply
+from deployments.messages.text_steps import TextResume
 from deployments.routing.pinned_router import avoiding
 from deployments.transport.migrating_call import MigratingCall
+from deployments.transport.migration import DeliveredText
 from deployments.transport.step_channel import ChannelStream, StepChannels
 from deployments.vllm_adapter.engine_metrics import exposition
 
+Avoid = tuple[str, ...]
 HEALTH_TIMEOUT_S = 5.0
 # The open /health and /metrics: requests that arrive while one fan-out is in
 # flight share it; none is reused after (a read right after an abort must see it).
@@ -342,8 +345,21 @@ class Ingress:
     ) -> Response:
         headers = {PLACEMENT_HEADER: placement}
         if placement == "inline":
+
+            def text(request: tuple[RenderedText, TextResume | None], avoid: Avoid) -> Any:
+                return self._generate.text.remote(*request, **avoiding(avoid))
+
+            generate = self._config.generate
             return await respond(
-                lambda avoid: self._generate.text.remote(rendered, **avoiding(avoid)),
+                lambda avoid: MigratingCall(
+                    text,
+                    (rendered, None),
+                    generate.migration_limit,
+                    self._generate,
+                    avoid,
+                    generate.migration_wait_s,
+                    DeliveredText(rendered),
+                ),
                 self._generate,
                 headers,
                 stream_error=stream_error,

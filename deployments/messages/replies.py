@@ -77,6 +77,8 @@ class RenderedText:
     multimodal: bool
     """Multimodal features add block keys the router cannot make."""
     job: bytes
+    request_id: str = ""
+    """The request's id, for the Ingress's log lines."""
 
     def open(self) -> Any:
         """The ``TextJob`` (only a tier that imports vLLM may call this)."""

@@ -62,6 +62,7 @@ class TextJob(BaseModel):
             cache_salt=request.cache_salt,
             multimodal=request.features is not None,
             job=pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL),
+            request_id=self.response_id or request.request_id,
         )
 
 

@@ -44,7 +44,7 @@ from deployments.messages.tier import TextJob
 from deployments.text.chat_choice import GeneratedChoice, chat_choice
 from deployments.text.reasoning_count import ReasoningCounter
 from deployments.text.responses_output import ResponsesOutput
-from deployments.text.sse import DONE, sse_data, sse_event, sse_stream_payloads
+from deployments.text.sse import DONE, PayloadTap, sse_data, sse_event, sse_stream_payloads
 from deployments.text.stop_strings import cut_at_stop, ended_on_stop_string, ended_on_stop_token
 from deployments.text.stream_derenderer import ChatStreamDerenderer, CompletionStreamDerenderer
 from deployments.transport.coalesce import coalesced
@@ -105,11 +105,13 @@ class TextOutput:
         coalesce_s: float | None,
         event: ChunkEvent = openai_event,
         role_chunk: bool = True,
+        tap: PayloadTap | None = None,
     ) -> AsyncGenerator[Any, None]:
         """One generate result → what the client gets: the error value, the unary
         response, or the SSE stream (coalesced per stream for the handle hop
         back, unless ``coalesce_s`` is None: a step channel batches it), each
-        OpenAI chunk written once, by ``event`` (``role_chunk``: ``stream``)."""
+        OpenAI chunk written once, by ``event`` (``role_chunk``: ``stream``).
+        ``tap`` sees each chat or completion stream's generate payloads."""
         if isinstance(result, ErrorResponse):
             yield result
             return
@@ -127,11 +129,13 @@ class TextOutput:
             return
         if job.api == "anthropic":
             # vLLM's converter reads the chat events as vLLM's chat server writes them.
-            events = anthropic_events(self.stream(job, result, openai_event, role_chunk=True))
+            events = anthropic_events(
+                self.stream(job, result, openai_event, role_chunk=True, tap=tap)
+            )
         elif job.api == "responses":
             events = self._responses.stream(job, result)
         else:
-            events = self.stream(job, result, event, role_chunk)
+            events = self.stream(job, result, event, role_chunk, tap)
         # Closed with this generator, so its coalescing task stops reading the source.
         async with contextlib.aclosing(coalesced(events, coalesce_s)) as items:
             async for item in items:
@@ -311,6 +315,7 @@ class TextOutput:
         source: AsyncIterator[str],
         event: ChunkEvent = openai_event,
         role_chunk: bool = True,
+        tap: PayloadTap | None = None,
     ) -> AsyncGenerator[str, None]:
         """Generate SSE events in → OpenAI chunks, written by ``event``, ending in ``[DONE]``.
 
@@ -335,7 +340,7 @@ class TextOutput:
             )
         response_id = job.generate_request.request_id
         to_open = feeder if role_chunk and isinstance(feeder, ChatStreamDerenderer) else None
-        async for payload in sse_stream_payloads(source):
+        async for payload in sse_stream_payloads(source, tap):
             if "error" in payload:
                 yield sse_data(payload)
                 continue

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from pydantic import BaseModel
@@ -30,13 +30,22 @@ def sse_data(payload: dict[str, Any] | str) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'), ensure_ascii=False)}\n\n"
 
 
-async def sse_stream_payloads(source: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
-    """The JSON payloads of a stream of (possibly joined) events, up to ``[DONE]``."""
+# Sees each payload of a stream as it is read (``text/step_log.py``).
+PayloadTap = Callable[[dict[str, Any]], None]
+
+
+async def sse_stream_payloads(
+    source: AsyncIterator[str], tap: PayloadTap | None = None
+) -> AsyncIterator[dict[str, Any]]:
+    """The JSON payloads of a stream of (possibly joined) events, up to ``[DONE]``,
+    each shown to ``tap`` first."""
     async for text in source:
         for payload in sse_payloads(text):
             if payload == DONE:
                 return
             assert isinstance(payload, dict)
+            if tap is not None:
+                tap(payload)
             yield payload
 
 

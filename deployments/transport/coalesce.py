@@ -5,7 +5,9 @@ object (~350 µs here), and Serve's replica-to-caller stream has no
 backpressure: when the engine outruns the hop, events queue up behind it and
 the client falls ever further behind the engine. Consecutive SSE events are
 plain strings, so joining them changes nothing a client sees (the same
-events, in the same order) while the hop carries one item per batch.
+events, in the same order) while the hop carries one item per batch. An inline
+text stream that can move sends ``TextSteps`` (its events with the token ids
+they came from), joined the same way.
 
 The first event goes out at once (no TTFT cost). After each item, events
 that arrive within ``window_s`` are held and sent together; a stream slower
@@ -21,6 +23,8 @@ import contextlib
 import math
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
+
+from deployments.messages.text_steps import TextSteps
 
 
 class _End:
@@ -60,7 +64,7 @@ async def coalesce_events(source: AsyncIterator[Any], window_s: float) -> AsyncG
         while True:
             batch = [await queue.get()]
             hold = last_sent + window_s - loop.time()
-            if hold > 0 and isinstance(batch[0], str):
+            if hold > 0 and isinstance(batch[0], (str, TextSteps)):
                 await asyncio.sleep(hold)
             while not queue.empty():
                 batch.append(queue.get_nowait())
@@ -78,17 +82,22 @@ async def coalesce_events(source: AsyncIterator[Any], window_s: float) -> AsyncG
 
 
 def _joined(batch: list[Any]) -> list[Any]:
-    """Runs of consecutive strings joined into one; everything else kept apart."""
+    """Runs of consecutive strings (or ``TextSteps``) joined into one; everything
+    else kept apart."""
     out: list[Any] = []
-    run: list[str] = []
+    run: list[Any] = []
     for item in batch:
-        if isinstance(item, str):
-            run.append(item)
-            continue
-        if run:
-            out.append("".join(run))
+        if run and type(item) is not type(run[0]):
+            out.append(_join(run))
             run = []
-        out.append(item)
+        if isinstance(item, (str, TextSteps)):
+            run.append(item)
+        else:
+            out.append(item)
     if run:
-        out.append("".join(run))
+        out.append(_join(run))
     return out
+
+
+def _join(run: list[Any]) -> Any:
+    return "".join(run) if isinstance(run[0], str) else TextSteps.joined(run)

@@ -2,7 +2,7 @@
 handle response it starts with.
 
 The Ingress streams ``output_mode`` ``tokens`` and ``text`` straight from Generate
-(``/inference/v1/generate``); ``edge/tier_calls.respond`` reads such a call as a
+(``/inference/v1/generate``), and inline text; ``edge/tier_calls.respond`` reads such a call as a
 handle response: it watches the first call until a replica takes it, then iterates
 it and cancels it when the client goes. :class:`MigratingCall` is that response,
 moved as ``migration.migrating`` moves a stream: each later call is watched the
@@ -17,7 +17,7 @@ from typing import Any
 
 from ray.serve.handle import DeploymentHandle
 
-from deployments.transport.migration import migrating
+from deployments.transport.migration import Progress, migrating
 from deployments.transport.replica_assignment import wait_routed
 
 
@@ -27,16 +27,17 @@ class NoReplicaToMoveToError(RuntimeError):
 
 class MigratingCall:
     """``call(body, avoid)``'s stream, moved up to ``limit`` times; ``avoid`` for the
-    first call (replicas an earlier try saw die)."""
+    first call (replicas an earlier try saw die); ``progress`` as ``migrating`` takes it."""
 
     def __init__(
         self,
         call: Callable[[Any, tuple[str, ...]], Any],
-        body: dict[str, Any],
+        body: Any,
         limit: int,
         via: DeploymentHandle[Any],
         avoid: tuple[str, ...] = (),
         patience_s: float = 0.0,
+        progress: Progress | None = None,
     ) -> None:
         self._call = call
         self._via = via
@@ -44,11 +45,9 @@ class MigratingCall:
         self.handle_response = call(body, avoid)
         """The current call's own response, which ``replica_assignment.wait_routed`` watches."""
         self._first: Any = self.handle_response
-        self._items = migrating(self._each, body, limit)
+        self._items = migrating(self._each, body, limit, progress)
 
-    async def _each(
-        self, body: dict[str, Any], avoid: tuple[str, ...]
-    ) -> AsyncGenerator[Any, None]:
+    async def _each(self, body: Any, avoid: tuple[str, ...]) -> AsyncGenerator[Any, None]:
         response, self._first = self._first, None
         if response is None:  # a move
             response = self.handle_response = self._call(body, avoid)

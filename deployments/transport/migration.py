@@ -34,8 +34,10 @@ import json
 import logging
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+from deployments.messages.replies import RenderedText
+from deployments.messages.text_steps import TextResume, TextSteps
 from deployments.transport.replica_loss import callee_lost, lost_engine_replica, raised_in_tier
 
 logger = logging.getLogger("ray.serve")
@@ -73,7 +75,7 @@ def continuation(request: Any, delivered: list[int]) -> Any | None:
     if isinstance(request, dict):
         return _body_continuation(request, delivered)
     params = request.sampling_params
-    if params.n != 1 or getattr(params, "structured_outputs", None) is not None:
+    if not resumable(params):
         return None
     params = copy.copy(params)
     if params.max_tokens is not None:
@@ -86,6 +88,12 @@ def continuation(request: Any, delivered: list[int]) -> Any | None:
     return request.model_copy(
         update={"token_ids": [*request.token_ids, *delivered], "sampling_params": params}
     )
+
+
+def resumable(params: Any) -> bool:
+    """Whether a stream with these ``SamplingParams`` can go on from its prompt and the
+    tokens it delivered (see the module's docstring)."""
+    return bool(params.n == 1 and getattr(params, "structured_outputs", None) is None)
 
 
 def _body_continuation(body: dict[str, Any], delivered: list[int]) -> dict[str, Any] | None:
@@ -104,6 +112,36 @@ def _body_continuation(body: dict[str, Any], delivered: list[int]) -> dict[str, 
         params["min_tokens"] = max(0, min_tokens - len(delivered))
     params.pop("prompt_logprobs", None)
     return {**body, "token_ids": [*body["token_ids"], *delivered], "sampling_params": params}
+
+
+class DeliveredText:
+    """``Progress`` of an inline text stream, called with ``(rendered, resume)``: the
+    Ingress passes on the text of each ``TextSteps`` item and keeps its engine steps,
+    from which a Generate replica rebuilds the stream (``messages/text_steps.py``).
+    A stream that sends plain text (its Generate replica found it cannot move) does
+    not move."""
+
+    def __init__(self, rendered: RenderedText) -> None:
+        self._rendered = rendered
+        self.request_id = rendered.request_id
+        self._resume = TextResume()
+        self._movable = False
+        self._finished = False
+
+    def passed(self, item: Any) -> Any:
+        if not isinstance(item, TextSteps):
+            return item
+        self._movable = True
+        self._resume.steps.extend(item.steps)
+        self._resume.events += item.events
+        self._finished = item.finished
+        return item.text
+
+    def resumed(self) -> tuple[Any, int] | None:
+        if not self._movable or self._finished:
+            return None
+        resume = TextResume(list(self._resume.steps), self._resume.events)
+        return (self._rendered, resume), len(resume.token_ids)
 
 
 def _prompt_and_id(request: Any) -> tuple[int, str]:
@@ -137,16 +175,58 @@ def continued_event(text: str, prompt_tokens: int, before: int) -> str:
     return "\n\n".join(parts)
 
 
+class Progress(Protocol):
+    """What a moving stream's calls delivered so far, and where a move goes on from."""
+
+    request_id: str
+
+    def passed(self, item: Any) -> Any:
+        """``item`` (one of a call's) as the caller gets it, and recorded."""
+
+    def resumed(self) -> tuple[Any, int] | None:
+        """The request that continues the stream and how many tokens came before it,
+        or None if it cannot go on (it finished, or its state is not its prompt's)."""
+
+
+class DeliveredTokens:
+    """``Progress`` of a stream of generate SSE events with token ids (``output_mode``
+    ``tokens`` or ``text``, the Derender tier's calls): the events are kept as they
+    came and read only when the stream moves."""
+
+    def __init__(self, request: Any) -> None:
+        self._request = request
+        self._prompt_tokens, self.request_id = _prompt_and_id(request)
+        self._before = 0
+        self.delivered = Delivered()
+
+    def passed(self, item: Any) -> Any:
+        if isinstance(item, str):
+            if self._before:
+                item = continued_event(item, self._prompt_tokens, self._before)
+            self.delivered.events.append(item)
+        return item
+
+    def resumed(self) -> tuple[Any, int] | None:
+        token_ids, finished = self.delivered.read()
+        resumed = None if finished else continuation(self._request, token_ids)
+        if resumed is None:
+            return None
+        self._before = len(token_ids)
+        return resumed, len(token_ids)
+
+
 async def migrating(
-    call: Callable[[Any, tuple[str, ...]], AsyncGenerator[Any, None]], request: Any, limit: int
+    call: Callable[[Any, tuple[str, ...]], AsyncGenerator[Any, None]],
+    request: Any,
+    limit: int,
+    progress: Progress | None = None,
 ) -> AsyncGenerator[Any, None]:
-    """``call(request, avoid)``'s items; when the call fails because its Generate
-    replica or engine is gone, the rest of the stream from ``call(continuation,
-    avoid)``, up to ``limit`` times. ``avoid``: the replicas whose engine died
-    under the stream, which Serve's routers list until their actor is gone."""
-    delivered = Delivered()
-    prompt_tokens, request_id = _prompt_and_id(request)
-    before = 0
+    """``call(request, avoid)``'s items, as ``progress`` passes them on (by default
+    ``DeliveredTokens``); when the call fails because its Generate replica or engine
+    is gone, the rest of the stream from ``call(resumed, avoid)``, up to ``limit``
+    times. ``avoid``: the replicas whose engine died under the stream, which Serve's
+    routers list until their actor is gone."""
+    progress = progress or DeliveredTokens(request)
     current = request
     moves = 0
     avoid: tuple[str, ...] = ()
@@ -154,17 +234,12 @@ async def migrating(
         try:
             async with contextlib.aclosing(call(current, avoid)) as items:
                 async for item in items:
-                    if isinstance(item, str):
-                        if before:
-                            item = continued_event(item, prompt_tokens, before)
-                        delivered.events.append(item)
-                    yield item
+                    yield progress.passed(item)
             return
         except Exception as exc:
             if moves >= limit or not callee_lost(exc):
                 raise
-            token_ids, finished = delivered.read()
-            resumed = None if finished else continuation(request, token_ids)
+            resumed = progress.resumed()
             if resumed is None:
                 raise
             moves += 1
@@ -172,9 +247,9 @@ async def migrating(
             logger.warning(
                 "request %s: its Generate replica was lost (%s) after %d tokens; "
                 "continuing on another (move %d of at most %d)",
-                request_id, why, len(token_ids), moves, limit,
+                progress.request_id, why, resumed[1], moves, limit,
             )  # fmt: skip
-            current, before = resumed, len(token_ids)
+            current = resumed[0]
             dead = lost_engine_replica(exc)
             if dead is not None:
                 avoid = (*avoid, dead)

@@ -65,14 +65,14 @@ DASHBOARD = re.compile(r"View the dashboard at \S*?(?P<url>http://[\d.]+:\d+)")
 def test_a_scale_in_and_a_redeploy_of_generate_lose_no_stream(
     graph: Server, client: httpx.Client
 ) -> None:
-    """1. Scale-in, 2 → 1, under eight greedy streams (two each of tier chat and
-       ``output_mode`` derender, tokens and text) spread over both replicas, and two
-       unary requests: every one completes whole, the stopped replica's by moving.
+    """1. Scale-in, 2 → 1, under ten greedy streams (two each of inline and tier chat
+       and ``output_mode`` derender, tokens and text) spread over both replicas, and
+       three unary requests: every one completes whole, the stopped replica's by moving.
        Derender is scaled in 2 → 1 at the same time: its stopped replica finishes its
        streams, then leaves at once, not when Serve's grace period runs out.
     2. Redeploy of Generate (a changed ``ray_actor_options``: every replica
-       restarts) back to 2, under eight more on the one replica left: all eight
-       move when it goes, and complete whole."""
+       restarts) back to 2, under ten more on the one replica left: all ten move
+       when it goes, and complete whole."""
     if graph.process is None:
         pytest.skip("redeploys the graph this session started (its config and log)")
     dashboard = _dashboard(graph)
@@ -84,8 +84,8 @@ def test_a_scale_in_and_a_redeploy_of_generate_lose_no_stream(
     # 1. Scale-in. Each pair of streams has a prompt of its own, so the prefix router
     # spreads them by load over both replicas.
     prompts, streams = _streams(client, range(2), SCALE_IN_TOKENS, SCALE_IN_PACE_MS)
-    with ThreadPoolExecutor(2) as pool:
-        unary = [pool.submit(_unary, client, kind) for kind in ("tokens", "tier")]
+    with ThreadPoolExecutor(3) as pool:
+        unary = [pool.submit(_unary, client, kind) for kind in ("tokens", "tier", "inline")]
         _wait_tokens(streams, KILL_AFTER)
         busy = {replica for replica, running in running_requests(client).items() if running}
         assert busy == before, ("the streams did not spread over both replicas", busy)
@@ -134,7 +134,7 @@ def test_a_scale_in_and_a_redeploy_of_generate_lose_no_stream(
     for kind, stream in streams:
         stream.join(DEPLOYED_WITHIN_S)
         assert_whole(kind, stream, len(prompts[stream]), ROLLOUT_TOKENS)
-    # Fewer than eight: the streams ended before the redeploy stopped their replica
+    # Fewer than ten: the streams ended before the redeploy stopped their replica
     # (a host slower to start an engine than ROLLOUT_TOKENS last).
     assert _leaving(graph, log_start) == [(old, len(streams))]
     moved = _moved(graph, log_start)
@@ -162,7 +162,7 @@ def _streams(
 def _unary(client: httpx.Client, kind: str) -> int:
     """A unary request of SCALE_IN_TOKENS paced tokens; the tokens it returned."""
     _, bodies = moving_bodies(client, [], SCALE_IN_TOKENS, SCALE_IN_PACE_MS)
-    return unary_tokens(client, *bodies["tier chat" if kind == "tier" else kind])
+    return unary_tokens(client, *bodies[f"{kind} chat" if kind in ("tier", "inline") else kind])
 
 
 def _wait_tokens(streams: list[tuple[str, Stream]], tokens: int) -> None:

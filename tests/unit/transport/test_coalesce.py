@@ -8,6 +8,7 @@ from typing import Any, cast
 
 import pytest
 
+from deployments.messages.text_steps import TextSteps
 from deployments.text.sse import DONE, sse_data, sse_payloads, sse_stream_payloads
 from deployments.transport.coalesce import coalesce_events
 
@@ -116,6 +117,21 @@ def test_non_string_items_keep_their_place() -> None:
     assert list(sse_payloads(text)) == [{"i": 0}, {"i": 1}, {"i": 2}]
     # The dict did not get joined into a string run.
     assert all(isinstance(i, str) or i is marker or i is unary for i in flat)
+
+
+def test_an_inline_streams_steps_are_joined_with_its_events() -> None:
+    """A movable inline stream's items (``TextSteps``) join as strings do, their
+    engine steps and event counts with them, and the last one's ``finished``."""
+    items = [
+        TextSteps(event(0), 1, [[1]]),
+        TextSteps(event(1), 1, [[2, 3], [4]]),
+        TextSteps(event(2), 1, [], finished=True),
+    ]
+    out = [item for _, item in asyncio.run(collect(timed([(0, i) for i in items]), 0.05))]
+    assert all(isinstance(item, TextSteps) for item in out) and len(out) < len(items)
+    assert "".join(item.text for item in out) == "".join(item.text for item in items)
+    assert [step for item in out for step in item.steps] == [[1], [2, 3], [4]]
+    assert sum(item.events for item in out) == 3 and out[-1].finished
 
 
 def test_an_error_in_the_source_arrives_after_the_events_before_it() -> None:
