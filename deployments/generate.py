@@ -31,7 +31,6 @@ from starlette.datastructures import State
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
     GenerateRequest,
     GenerateResponseBase,
-    GenerateTokensResponse,
 )
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
@@ -51,17 +50,16 @@ from deployments.routing.engine_blocks import (
     EventSubscriber,
     events_endpoint,
 )
-from deployments.text.inline_move import StepLog, inline_movable
-from deployments.text.output import TextOutput, tokens_request
+from deployments.text.inline_text import InlineText, inline_call_movable
+from deployments.text.output import TextOutput
 from deployments.transport.coalesce import coalesced
-from deployments.transport.concurrently import all_or_none
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from deployments.transport.leaving import LeaveWatch
-from deployments.transport.migration import continuation
 from deployments.transport.replica_loss import EngineLostError, ReplicaLeavingError
 from deployments.transport.step_channel import ChannelSource, Outboxes
 from deployments.vllm_adapter.engine_args import serve_namespace
 from deployments.vllm_adapter.engine_metrics import local_vllm_metrics
+from deployments.vllm_adapter.engine_start import replica_cores, start_vllm_engine
 from deployments.vllm_adapter.engine_streams import EngineCall, record_streams
 from deployments.vllm_adapter.internals import (
     ENGINE_APP_STATE_NAMES,
@@ -81,34 +79,6 @@ logger = logging.getLogger("ray.serve")
 ENGINE_WATCH_S = 0.2
 DEAD_ENGINE_EXIT_GRACE_S = 0.5
 _ERROR_EVENT = 'data: {"error"'
-
-
-async def start_vllm_engine(args: argparse.Namespace) -> Any:
-    """Start an in-process ``AsyncLLM`` as ``vllm serve`` does."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.usage.usage_lib import UsageContext
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    engine_args = AsyncEngineArgs.from_cli_args(args)
-    vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
-    return AsyncLLM.from_vllm_config(
-        vllm_config=vllm_config,
-        usage_context=UsageContext.OPENAI_API_SERVER,
-        enable_log_requests=engine_args.enable_log_requests,
-        disable_log_stats=engine_args.disable_log_stats,
-    )
-
-
-def replica_cores(allowed: list[int], cores: int, local_rank: int) -> list[int]:
-    """The cores of a node's ``local_rank``-th CPU engine when each gets ``cores``.
-
-    Replicas past what the node holds wrap around and share, as two engines
-    without binding would; vLLM then binds one OpenMP thread per core.
-    """
-    ordered = sorted(allowed)
-    cores = min(cores, len(ordered))
-    start = (local_rank * cores) % len(ordered)
-    return [ordered[(start + i) % len(ordered)] for i in range(cores)]
 
 
 class Generate(ChannelSource):
@@ -166,7 +136,8 @@ class Generate(ChannelSource):
         state = State()
         await init_app_state(self._engine, state, args, await self._engine.get_supported_tasks())
         self._state = checked_app_state(state, ENGINE_APP_STATE_NAMES)
-        self._text = TextOutput(state.online_derenderer, state.serving_derender)
+        text = TextOutput(state.online_derenderer, state.serving_derender)
+        self._inline = InlineText(text, self._coalesce_s)
         self._outboxes = Outboxes(self._replica)
         self._leave_watch = LeaveWatch(self._outboxes)
         # Aborts and /metrics reach this replica even when its streams fill every slot.
@@ -339,44 +310,13 @@ class Generate(ChannelSource):
         job = rendered.open()
         if resume is None:  # a moved stream's client has its headers
             yield served_by("inline", with_pid=self._config.expose_replica_pid)
-        stream = bool(job.generate_request.stream)
-        # A unary call moves as any does before its first item; a stream if its
-        # derenderer can be rebuilt elsewhere from its steps.
-        steps = StepLog(resume) if stream and inline_movable(job) else None
-        call = self._open(None, movable=job.batch is None and (steps is not None or not stream))
+        call = self._open(None, movable=inline_call_movable(job))
 
         def serve(request: GenerateRequest) -> Awaitable[Any]:
             return self._serve_tokens(request, call)
 
         try:
-            if job.batch is None:
-                # Tokens are asked for (tokens_request): a unary result is a tokens response.
-                request = tokens_request(job, stream=stream)
-                if resume is not None:
-                    # Not None: a stream that moved had tokens left (DeliveredText).
-                    resumed = continuation(request, resume.token_ids)
-                    assert resumed is not None
-                    request = resumed
-                with call.opening():
-                    result = await serve(request)
-                assert not isinstance(result, GenerateResponseBase) or isinstance(
-                    result, GenerateTokensResponse
-                )
-                if steps is None or not isinstance(result, AsyncIterator):
-                    items = self._text.respond(job, result, self._coalesce_s)
-                else:
-                    source = steps.source(
-                        result, request.request_id, len(job.generate_request.token_ids)
-                    )
-                    events = self._text.respond(job, source, None, tap=steps.saw)
-                    items = coalesced(steps.tagged(events), self._coalesce_s)
-            else:
-                # Every prompt on this engine at once, as vLLM's server runs a batch.
-                with call.opening():
-                    results = await all_or_none(
-                        serve(tokens_request(job, stream=stream, prompt=p)) for p in job.batch
-                    )
-                items = self._text.respond_batch(job, results, self._coalesce_s)
+            items = self._inline.items(job, resume, serve, call.opening)
             async with contextlib.aclosing(items) as answered:
                 async for item in answered:
                     yield item

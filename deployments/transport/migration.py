@@ -2,7 +2,8 @@
 
 The caller of Generate holds every event a stream delivered: a Derender replica for
 tier text and ``output_mode: "derender"``, the Ingress for ``output_mode`` ``tokens``
-and ``text`` (``migrating_call.py``); inline text does not move yet. When the call
+and ``text`` (``migrating_call.py``), and for inline text the engine steps behind
+its text (``DeliveredText``, ``text/inline_move.py``). When the call
 fails because its replica or engine is gone (``replica_loss.callee_lost``), the
 stream goes on as one request to a live replica:
 

@@ -66,8 +66,8 @@ def test_a_scale_in_and_a_redeploy_of_generate_lose_no_stream(
     graph: Server, client: httpx.Client
 ) -> None:
     """1. Scale-in, 2 → 1, under ten greedy streams (two each of inline and tier chat
-       and ``output_mode`` derender, tokens and text) spread over both replicas, and
-       three unary requests: every one completes whole, the stopped replica's by moving.
+       and ``output_mode`` derender, tokens and text) spread over both replicas, and a
+       unary request of each kind: every one completes whole, the stopped replica's by moving.
        Derender is scaled in 2 → 1 at the same time: its stopped replica finishes its
        streams, then leaves at once, not when Serve's grace period runs out.
     2. Redeploy of Generate (a changed ``ray_actor_options``: every replica
@@ -84,8 +84,9 @@ def test_a_scale_in_and_a_redeploy_of_generate_lose_no_stream(
     # 1. Scale-in. Each pair of streams has a prompt of its own, so the prefix router
     # spreads them by load over both replicas.
     prompts, streams = _streams(client, range(2), SCALE_IN_TOKENS, SCALE_IN_PACE_MS)
-    with ThreadPoolExecutor(3) as pool:
-        unary = [pool.submit(_unary, client, kind) for kind in ("tokens", "tier", "inline")]
+    kinds = ("tokens", "text", "derender", "tier", "inline")
+    with ThreadPoolExecutor(len(kinds)) as pool:
+        unary = [pool.submit(_unary, client, kind) for kind in kinds]
         _wait_tokens(streams, KILL_AFTER)
         busy = {replica for replica, running in running_requests(client).items() if running}
         assert busy == before, ("the streams did not spread over both replicas", busy)

@@ -124,7 +124,8 @@ def test_a_lost_generate_replica_moves_tier_streams_and_with_none_live_requests_
     moving = {kind: Stream(str(client.base_url), *body) for kind, body in bodies.items()}
     for moving_stream in moving.values():
         moving_stream.start()
-    # And two unary requests, which are made again from the start.
+    # And unary requests, which are made again from the start. (More would tip the
+    # prefix router into spreading them by load.)
     pool = ThreadPoolExecutor(len(UNARY_KINDS))
     unary = {kind: pool.submit(unary_tokens, client, *bodies[kind]) for kind in UNARY_KINDS}
     deadline = time.monotonic() + HANG_GUARD_S

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from deployments.config.graph_config import TINY_MODEL, GraphConfig, nest_dotted
-from deployments.generate import replica_cores
+from deployments.vllm_adapter.engine_start import replica_cores
 
 
 def test_defaults_point_at_the_embedded_model() -> None:
