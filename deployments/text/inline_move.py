@@ -1,18 +1,19 @@
 """Generate's side of an inline text stream that moves (``messages/text_steps.py``).
 
 A stream that can move sends ``TextSteps``: each event the stream derenderer
-writes, with the token ids of the engine outputs read since the event before. An
-output's ids go with the first event written after the derenderer read it, so
-the Ingress never holds ids whose text it was not sent... except text the
-derenderer holds back (a stop string's prefix, a partial character, a tool call
-being parsed), which a replay of the same steps holds back again.
+writes, with the token ids of the engine outputs it read since the event before.
+An output's ids go with the first event written after the derenderer read it, so
+the Ingress never holds ids without the events the derenderer wrote from them
+before that. Text the derenderer holds back across outputs (a stop string's
+prefix, a character split over tokens, a tool call being parsed) is state, not
+an event: a replay of the same steps holds it back again.
 
 A Generate replica that continues the stream feeds the steps the Ingress kept
-into a fresh derenderer, in the engine's own grouping, so its state is the lost
-one's; drops the first ``resume.events`` events that replay writes, which the
-client has; sends on the rest (written after those steps were read, lost on
-the way); and then derenders the engine's continuation as the lost replica
-would have.
+into a fresh derenderer, in the engine's own grouping, so that it ends in the
+lost one's state; drops the first ``resume.events`` events the replay writes
+(the client has them); sends on the rest (written from those steps, lost on the
+way); and then derenders the engine's continuation as the lost replica would
+have.
 """
 
 from __future__ import annotations
