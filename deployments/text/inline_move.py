@@ -81,17 +81,14 @@ class StepLog:
             steps, self._steps = self._steps, []
             yield TextSteps(event, 1, steps, self._finished)
 
-    async def source(
+    async def replayed(
         self, live: AsyncIterator[str], request_id: str, prompt_tokens: int
     ) -> AsyncGenerator[str, None]:
-        """The generate events to derender: the replay of the steps the client has, then
-        the engine's continuation (``live``), its usage counted against the original
-        prompt and the tokens before it."""
+        """A moved stream's generate events to derender: the replay of the steps the
+        client has, then the engine's continuation (``live``), its usage counted
+        against the original prompt and the tokens before it."""
         resume = self._resume
-        if resume is None:
-            async for event in live:
-                yield event
-            return
+        assert resume is not None, "a stream that did not move derenders its engine's events"
         for step in resume.steps:
             choice = {"index": 0, "token_ids": step}
             yield f"data: {json.dumps({'request_id': request_id, 'choices': [choice]})}\n\n"

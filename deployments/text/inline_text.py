@@ -54,9 +54,9 @@ class InlineText:
         opening: Callable[[], AbstractContextManager[Any]],
     ) -> AsyncGenerator[Any, None]:
         """The job's items for the Ingress; ``resume``: where a moved stream goes on."""
-        stream = bool(job.generate_request.stream)
         if job.batch is not None:
             # Every prompt on this engine at once, as vLLM's server runs a batch.
+            stream = bool(job.generate_request.stream)
             with opening():
                 results = await all_or_none(
                     serve(tokens_request(job, stream=stream, prompt=p)) for p in job.batch
@@ -94,7 +94,8 @@ class InlineText:
         if not (stream and inline_movable(job) and isinstance(result, AsyncIterator)):
             return self._text.respond(job, result, self._coalesce_s)
         steps = StepLog(resume)
-        prompt_tokens = len(job.generate_request.token_ids)
-        source = steps.source(result, request.request_id, prompt_tokens)
-        events = self._text.respond(job, source, None, tap=steps.saw)
+        if resume is not None:
+            prompt_tokens = len(job.generate_request.token_ids)
+            result = steps.replayed(result, request.request_id, prompt_tokens)
+        events = self._text.respond(job, result, None, tap=steps.saw)
         return coalesced(steps.tagged(events), self._coalesce_s)

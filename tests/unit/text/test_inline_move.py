@@ -52,8 +52,10 @@ async def _listed(events: list[str]) -> AsyncGenerator[str, None]:
         yield event
 
 
-async def _run(log: StepLog, live: list[str]) -> list[Any]:
-    source = log.source(_listed(live), "r", 3)
+async def _run(resume: TextResume | None, live: list[str]) -> list[Any]:
+    """A stream's items from ``live`` engine events, gone on from ``resume`` if given."""
+    log = StepLog(resume)
+    source = _listed(live) if resume is None else log.replayed(_listed(live), "r", 3)
     return [item async for item in log.tagged(_derender(source, log.saw))]
 
 
@@ -88,16 +90,14 @@ def _moved(progress: DeliveredText) -> TextResume:
 def test_a_moved_stream_delivers_every_token_once_wherever_it_was_lost(
     received: int, received_after_move: int | None
 ) -> None:
-    first = asyncio.run(_run(StepLog(), _engine(STEPS)))
+    first = asyncio.run(_run(None, _engine(STEPS)))
     assert all(isinstance(item, TextSteps) and item.events == 1 for item in first)
     assert first[-1].finished and not first[received - 1].finished
     progress = DeliveredText(RenderedText([], None, False, b"", request_id="r"))
     client = [progress.passed(item) for item in first[:received]]
     # The new engine goes on from there, one token a step (not the first's grouping).
     resume = _moved(progress)
-    rest = asyncio.run(
-        _run(StepLog(resume), _engine([[t] for t in TOKENS[len(resume.token_ids) :]]))
-    )
+    rest = asyncio.run(_run(resume, _engine([[t] for t in TOKENS[len(resume.token_ids) :]])))
     if received_after_move is not None:  # lost again, after that many items
         client += [progress.passed(item) for item in rest[:received_after_move]]
         if any(item.finished for item in rest[:received_after_move]):
@@ -108,14 +108,14 @@ def test_a_moved_stream_delivers_every_token_once_wherever_it_was_lost(
         else:
             resume = _moved(progress)
             rest = asyncio.run(
-                _run(StepLog(resume), _engine([[t] for t in TOKENS[len(resume.token_ids) :]]))
+                _run(resume, _engine([[t] for t in TOKENS[len(resume.token_ids) :]]))
             )
     client += [progress.passed(item) for item in rest]
     assert _client_tokens(client) == (TOKENS, 1, 1)
 
 
 def test_a_finished_stream_or_one_sent_as_plain_text_does_not_move() -> None:
-    first = asyncio.run(_run(StepLog(), _engine(STEPS)))
+    first = asyncio.run(_run(None, _engine(STEPS)))
     progress = DeliveredText(RenderedText([], None, False, b"", request_id="r"))
     for item in first:
         progress.passed(item)
