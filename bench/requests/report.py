@@ -245,6 +245,47 @@ def _commit() -> str:
     return done.stdout.strip() or "unknown"
 
 
+def floor_table(runs: Sequence[ServerRun]) -> list[str]:
+    """The least each CPU target allows the graph, from Serve's floor (``floor_app``).
+
+    A graph of this shape spends at least the floor (Serve's edge, handles and Ray,
+    with no vLLM) plus the engine's CPU (vLLM's, at vLLM's own request rate: a slower
+    graph spins its engine longer), even if all of vLLM's serving work were free. Round
+    by round, that bound ÷ vLLM's CPU per request; a target under it cannot be met by
+    any change to the graph's own code. Idle: the floor's idle CPU over vLLM's.
+    """
+    vllm = next((r for r in runs if r.label == "vllm"), None)
+    floor = next((r for r in runs if r.label == "floor"), None)
+    if vllm is None or floor is None:
+        return []
+    lines = [
+        "| text | concurrency | floor ÷ vLLM | (floor + vLLM's engine) ÷ vLLM | target |",
+        "|---|---|---|---|---|",
+    ]
+    for mode in _modes(floor):
+        for concurrency in _concurrencies(runs):
+            alone = _paired(floor, vllm, mode, concurrency, lambda f, v: cpu_ms(f) / cpu_ms(v))
+            bound = _paired(
+                floor,
+                vllm,
+                mode,
+                concurrency,
+                lambda f, v: (cpu_ms(f) + cpu_ms(v) - cpu_ms(v, engine=False)) / cpu_ms(v),
+            )
+            if bound:
+                lines.append(
+                    f"| {mode} | {concurrency} | {spread(alone, '.2f')} | "
+                    f"{spread(bound, '.2f')} | ≤ {CPU_TARGET[mode]}× |"
+                )
+    idle = sum(floor.idle_core_share.values()) - sum(vllm.idle_core_share.values())
+    lines += [
+        "",
+        f"Idle: the floor takes {idle * 100:.1f}% of a core more than vLLM's server "
+        f"(target for the graph: ≤ {IDLE_EXTRA_CORE * 100:.0f}%).",
+    ]
+    return lines
+
+
 def report(args: argparse.Namespace, runs: Sequence[ServerRun]) -> str:
     argv = "python -m bench.requests"
     for name in ("tokens", "requests", "repeat", "idle_s"):
@@ -292,4 +333,17 @@ def report(args: argparse.Namespace, runs: Sequence[ServerRun]) -> str:
         *targets_table(runs),
         "",
     ]
+    if floor := floor_table(runs):
+        out += [
+            "## Serve's floor against the targets",
+            "",
+            "`floor` is the graph's hops with no vLLM (`bench/requests/floor_app.py`). The "
+            "graph spends at least the floor plus an engine: the last ratio is that "
+            "bound, with the engine's CPU per request taken as vLLM's (at vLLM's rate) "
+            "and all of vLLM's serving work as free. Where it is above a target, no "
+            "change to the graph's own code meets that target.",
+            "",
+            *floor,
+            "",
+        ]
     return "\n".join(out)

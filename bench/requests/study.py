@@ -12,7 +12,10 @@ in turn, serve the embedded model with the same parsers:
   in the environment (the command the README documents first);
 - ``make-run``: the same with the switches ``make run`` exports;
 - ``--variant NAME:K=V,...``: ``make-run`` with more variables (e.g. Serve's
-  HAProxy ingress, ``RAY_SERVE_ENABLE_HA_PROXY=1``).
+  HAProxy ingress, ``RAY_SERVE_ENABLE_HA_PROXY=1``);
+- ``floor``: ``serve run bench.requests.floor_app:app`` with ``make run``'s switches,
+  the graph's hops with no vLLM and no text work (``bench/requests/floor_app.py``):
+  what Serve and Ray alone take per request of the graph's shape.
 
 Every graph serves both text placements (``X-Text-Placement: inline`` and
 ``tier``). ``--repeat`` rounds run every cell of a server in turn, so the
@@ -52,6 +55,7 @@ from deployments.config.serve_env import SERVE_ENV
 SERVE_PORT = 8000  # `serve run graph:app` takes Serve's default; the import path has no flag
 GRAPH_MODES = ("inline", "tier")
 KV_CACHE_GIB = 2  # GraphConfig's default, given to vLLM's server too
+FLOOR_APP = "bench.requests.floor_app:app"
 MAX_MODEL_LEN = 32768  # the embedded model's, the graph's default
 
 
@@ -138,11 +142,13 @@ def measure_server(
 
 
 @contextmanager
-def graph_server(work: Path, env: dict[str, str], unset: list[str]) -> Iterator[Server]:
+def graph_server(
+    work: Path, env: dict[str, str], unset: list[str], target: str = "graph:app"
+) -> Iterator[Server]:
     if not port_is_free(SERVE_PORT):
-        raise SystemExit(f"port {SERVE_PORT} is taken; `serve run graph:app` needs it")
+        raise SystemExit(f"port {SERVE_PORT} is taken; `serve run {target}` needs it")
     with running(
-        [str(VENV_BIN / "serve"), "run", "graph:app"],
+        [str(VENV_BIN / "serve"), "run", target],
         port=SERVE_PORT,
         log_path=work / "serve.log",
         env={"RAY_USAGE_STATS_ENABLED": "0", **haproxy_side_ports(), **env},
@@ -210,6 +216,12 @@ def main() -> None:
             graph_dir = work / label
             graph_dir.mkdir()
             with graph_server(graph_dir, env, unset) as server:
+                measure_server(server, run, list(GRAPH_MODES), args)
+            runs.append(run)
+        if "floor" in chosen:
+            run = ServerRun("floor", f"serve run {FLOOR_APP}, make run's switches exported")
+            (work / "floor").mkdir()
+            with graph_server(work / "floor", dict(SERVE_ENV), [], FLOOR_APP) as server:
                 measure_server(server, run, list(GRAPH_MODES), args)
             runs.append(run)
     text = report(args, runs)

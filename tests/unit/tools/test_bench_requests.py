@@ -16,7 +16,7 @@ from bench.requests.processes import (
     cpu_by_kind,
     kind_of,
 )
-from bench.requests.report import report, targets_table
+from bench.requests.report import floor_table, report, targets_table
 from bench.requests.study import Cell, ServerRun
 
 
@@ -99,3 +99,20 @@ def test_the_report_names_its_command_and_every_server() -> None:
     # 100 requests in 10 s; 50 CPU ms/request, all of it serving work (no engine here)
     assert "| vllm | – | 4 | 10.0 (10.0–10.0) | 40 (40–40) | 40 (40–40) | 90 (90–90) " in text
     assert "| 50 (50–50) | 50 (50–50) |" in text
+
+
+def test_the_floor_bound_adds_vllms_engine_to_the_floor() -> None:
+    # vLLM: 40 ms of engine + 10 of serving per request; the floor: 20 ms, no engine.
+    vllm = ServerRun("vllm", "vllm")
+    for r in range(2):
+        cell = _cell("vllm", "vllm", r, 10.0)
+        cell.cpu_s[ENGINE] = 40 * 100 / 1000
+        vllm.cells.append(cell)
+    floor = ServerRun("floor", "serve run bench.requests.floor_app:app")
+    floor.cells = [_cell("floor", "inline", r, 20.0) for r in range(2)]
+    vllm.idle_core_share, floor.idle_core_share = {ENGINE: 0.02}, {"Ingress": 0.10}
+    lines = floor_table([vllm, floor])
+    # floor ÷ vLLM 20/50; (20 + 40) ÷ 50 = 1.2
+    assert "| inline | 4 | 0.40 (0.40–0.40) | 1.20 (1.20–1.20) | ≤ 1.3× |" in lines
+    assert any("8.0% of a core more than vLLM's server" in line for line in lines)
+    assert floor_table([vllm]) == []

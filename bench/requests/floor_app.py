@@ -1,0 +1,114 @@
+"""Serve's floor for the graph's shape: the same hops, no vLLM, no text work.
+
+    serve run bench.requests.floor_app:app   # `python -m bench.requests --servers floor`
+
+An Ingress (FastAPI behind Serve's HTTP edge) takes a streamed chat, makes one unary
+handle call to Render (which returns token ids) and one streamed call for the text:
+inline, to Generate, which yields a chat chunk per token, each after a 5 ms "step";
+tier (``X-Text-Placement: tier``), to Derender, which makes its own streamed call to
+Generate and passes the chunks on. The answer has the shape the request bench reads
+(chat chunks, a usage chunk, ``[DONE]``).
+
+Every call and every streamed item crosses Serve as in the graph (the same switches,
+DeploymentHandles, one replica per deployment), but each replica does nothing else, so
+the CPU this app takes per request is what Serve's edge, handles and Ray take for a
+request of the graph's shape: the part of the graph's cost no change to the graph's own
+code removes. No model, no engine; a request's answer is made up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+from ray import serve
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+STEP_S = 0.005
+"""A decode step of the embedded model on this host, about (its TPOT p50 idle)."""
+
+api = FastAPI()
+
+
+def _chunk(request_id: str, created: int, delta: dict[str, Any], **extra: Any) -> str:
+    chunk = {
+        "id": request_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": "floor",
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}],
+        **extra,
+    }
+    return f"data: {json.dumps(chunk)}\n\n"
+
+
+@serve.deployment(name="Render", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
+class FloorRender:
+    async def render(self, body: dict[str, Any]) -> dict[str, Any]:
+        prompt = json.dumps(body["messages"])
+        return {"token_ids": [ord(c) % 256 for c in prompt], "max_tokens": body["max_tokens"]}
+
+
+@serve.deployment(name="Generate", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
+class FloorGenerate:
+    async def text(self, rendered: dict[str, Any]) -> AsyncIterator[str]:
+        request_id, created = f"chatcmpl-{time.monotonic_ns()}", int(time.time())
+        tokens = rendered["max_tokens"]
+        yield _chunk(request_id, created, {"role": "assistant", "content": ""})
+        for i in range(tokens):
+            await asyncio.sleep(STEP_S)
+            yield _chunk(request_id, created, {"content": f" w{i}"})
+        usage = {
+            "prompt_tokens": len(rendered["token_ids"]),
+            "completion_tokens": tokens,
+            "total_tokens": len(rendered["token_ids"]) + tokens,
+        }
+        last = {"id": request_id, "object": "chat.completion.chunk", "created": created}
+        yield f"data: {json.dumps({**last, 'model': 'floor', 'choices': [], 'usage': usage})}\n\n"
+        yield "data: [DONE]\n\n"
+
+
+@serve.deployment(name="Derender", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
+class FloorDerender:
+    def __init__(self, generate: DeploymentHandle) -> None:
+        self._generate = generate.options(stream=True)
+
+    async def chat(self, rendered: dict[str, Any]) -> AsyncIterator[str]:
+        async for item in cast(DeploymentResponseGenerator, self._generate.text.remote(rendered)):
+            yield item
+
+
+@serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
+@serve.ingress(api)
+class FloorIngress:
+    def __init__(
+        self, render: DeploymentHandle, generate: DeploymentHandle, derender: DeploymentHandle
+    ) -> None:
+        self._render = render
+        self._generate = generate.options(stream=True)
+        self._derender = derender.options(stream=True)
+
+    @api.get("/health")
+    async def health(self) -> dict[str, str]:
+        return {}
+
+    @api.post("/v1/chat/completions")
+    async def chat(self, request: Request) -> StreamingResponse:
+        rendered = await self._render.render.remote(await request.json())
+        if request.headers.get("x-text-placement") == "tier":
+            stream = self._derender.chat.remote(rendered)
+        else:
+            stream = self._generate.text.remote(rendered)
+        assert isinstance(stream, DeploymentResponseGenerator)
+        return StreamingResponse(stream, media_type="text/event-stream")
+
+
+_generate = cast(Any, FloorGenerate).bind()
+app = cast(Any, FloorIngress).bind(
+    cast(Any, FloorRender).bind(), _generate, cast(Any, FloorDerender).bind(_generate)
+)
