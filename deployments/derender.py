@@ -66,6 +66,7 @@ from deployments.messages.tier import (
 )
 from deployments.render import build_render_state
 from deployments.routing.pinned_router import avoiding
+from deployments.scaling.cpu_load import CpuLoad
 from deployments.text.output import ChunkEvent, TextOutput, openai_event, tokens_request
 from deployments.text.sse import sse_event
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
@@ -89,6 +90,7 @@ class Derender(ChannelSource):
     ) -> None:
         self._config = config
         self._coalesce_s = config.stream_coalesce_ms / 1000
+        self._load = CpuLoad()
         self._state = await build_render_state(config)
         self._text = TextOutput(self._state.online_derenderer, self._state.serving_derender)
         self._generate = generate.options(stream=True)
@@ -197,7 +199,9 @@ class Derender(ChannelSource):
                 for first, source in zip(firsts, sources, strict=True)
             ]
             if job.batch is None:
-                answer = self._text.respond(job, results[0], None, event, role_chunk)
+                answer = self._text.respond(
+                    job, results[0], None, event, role_chunk, tap=self._count_tokens
+                )
             else:
                 answer = self._text.respond_batch(job, results, None, event)
             async with contextlib.aclosing(answer) as items:
@@ -210,6 +214,15 @@ class Derender(ChannelSource):
                 self._streams.pop(stream_id, None)
             else:
                 self._streams[stream_id] -= 1
+
+    def _count_tokens(self, payload: dict[str, Any]) -> None:
+        """A ``PayloadTap``: the tokens of each generate payload derendered here."""
+        self._load.did(sum(len(c.get("token_ids") or ()) for c in payload.get("choices") or ()))
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's autoscaler asks: cores used, tokens derendered per second
+        (``scaling/cpu_load.py``)."""
+        return self._load.report()
 
     async def _on_control(self, command: ControlCommand) -> int | None:
         return self._holds(command.request_ids) if command.kind == "abort" else None

@@ -40,6 +40,7 @@ from deployments.edge.replies import answers_ingress, reply_of
 from deployments.edge.validation import parse_body, validate
 from deployments.messages.replies import RenderedText
 from deployments.messages.tier import ParseContext, TextJob
+from deployments.scaling.cpu_load import CpuLoad
 from deployments.vllm_adapter.anthropic import MessagesConversion, count_tokens_response
 from deployments.vllm_adapter.engine_args import serve_namespace
 from deployments.vllm_adapter.internals import APP_STATE_NAMES, checked_app_state
@@ -84,15 +85,24 @@ class Render:
 
     async def __init__(self, config: GraphConfig) -> None:  # type: ignore[misc]
         self._config = config
+        self._load = CpuLoad()
         self._state = await build_render_state(config)
         self._messages = MessagesConversion(self._state.serving_render.online_renderer)
         self._responses = ResponsesAdmission(self._state.serving_render.model_config)
 
     async def _chat(self, request: ChatCompletionRequest) -> GenerateRequest:
+        self._load.did(1)
         return _accepted(await self._state.serving_render.render_chat_request(request))
 
     async def _completion(self, request: CompletionRequest) -> list[GenerateRequest]:
-        return _accepted(await self._state.serving_render.render_completion_request(request))
+        rendered = _accepted(await self._state.serving_render.render_completion_request(request))
+        self._load.did(len(rendered))
+        return rendered
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's autoscaler asks: cores used, prompts rendered per second
+        (``scaling/cpu_load.py``)."""
+        return self._load.report()
 
     @answers_ingress
     async def chat_text(self, body: bytes, header_id: str | None) -> RenderedText:
@@ -164,6 +174,7 @@ class Render:
         return rendered_json(await self._chat(request))
 
     async def _responses_request(self, request: ResponsesRequest) -> GenerateRequest:
+        self._load.did(1)
         return _accepted(await self._state.serving_render.render_responses_request(request))
 
     @answers_ingress

@@ -250,6 +250,18 @@ class LocalCluster:
             for n in alive
         ]
 
+    def serve_applications(self) -> dict[str, Any]:
+        """Serve's view of its applications as the dashboard's REST API gives it (what
+        ``serve status`` reads): each deployment's config as Serve runs it."""
+        reply = httpx.get(
+            f"{self.dashboard_url}/api/serve/applications/",
+            headers={"Authorization": f"Bearer {AUTH_TOKEN}"},
+            timeout=30,
+        )
+        reply.raise_for_status()
+        applications: dict[str, Any] = reply.json()["applications"]
+        return applications
+
     def replicas(self) -> list[dict[str, Any]]:
         """Alive Serve replicas: app, deployment, replica id, node_id, pid."""
         from ray.util.state import list_actors

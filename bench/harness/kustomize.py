@@ -44,3 +44,26 @@ def overlay(name: str, kind: str = "RayService") -> dict[str, Any]:
     """The one object of ``kind`` that ``k8s/overlays/<name>`` builds."""
     (doc,) = (d for d in kustomize(K8S / "overlays" / name) if d["kind"] == kind)
     return doc
+
+
+def with_derender_scaling(rayservice: dict[str, Any], options: dict[str, float]) -> dict[str, Any]:
+    """The manifest with ``options`` over its Derender autoscaling, in every application."""
+    config = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
+    for app in config["applications"]:
+        autoscaling = app["args"]["derender"]["autoscaling"]
+        autoscaling.update(options)
+    spec = {**rayservice["spec"], "serveConfigV2": yaml.safe_dump(config)}
+    return {**rayservice, "spec": spec}
+
+
+# Every node of a local cluster runs on this one host and shares its cores, so a
+# Derender replica cannot use the core it reserves on a CPU node (its num_cpus, the
+# cores the overlay's CPU policy gives it): its CPU signal here is measured against
+# what one can use on this host beside the engine and the other tiers.
+SHARED_HOST_DERENDER_CORES = 0.1
+
+
+def on_shared_host(rayservice: dict[str, Any]) -> dict[str, Any]:
+    """The overlay's RayService as a local cluster on one host runs it: its Derender's
+    CPU autoscaling against ``SHARED_HOST_DERENDER_CORES`` per replica."""
+    return with_derender_scaling(rayservice, {"cores_per_replica": SHARED_HOST_DERENDER_CORES})

@@ -45,7 +45,7 @@ from bench.harness.cluster import (
     set_client_env,
 )
 from bench.harness.cluster_load import TIER, OpenLoop, Timeline, engine_requests, outcome
-from bench.harness.kustomize import overlay
+from bench.harness.kustomize import on_shared_host, overlay
 from bench.harness.sse_reader import Stream
 from bench.multinode.report import write
 from bench.multinode.results import CPU_GROUP, RampResult, SoakResult
@@ -222,7 +222,7 @@ def main() -> None:
         shape = data["shape"]
     else:
         set_client_env()
-        rayservice = overlay("cpu")
+        rayservice = on_shared_host(overlay("cpu"))
         cluster_shape = ClusterShape.of(rayservice)
         shape = asdict(cluster_shape)
         with local_cluster(cluster_shape, args.work) as cluster:

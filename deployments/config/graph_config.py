@@ -27,13 +27,33 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+AutoscalingSignal = Literal["ongoing_requests", "cpu"]
+# Serve's controller loads the policy by this path (deployments/scaling/cpu_policy.py;
+# the config layer names it, and imports nothing above it).
+CPU_POLICY = "deployments.scaling.cpu_policy:CpuUtilizationPolicy"
+
+
 class AutoscalingOptions(_Strict):
     """Ray Serve ``autoscaling_config`` for one deployment."""
 
     min_replicas: int = Field(1, ge=0, description="Replicas kept when idle.")
     max_replicas: int = Field(1, ge=1, description="Upper bound on replicas.")
+    policy: AutoscalingSignal = Field(
+        "ongoing_requests",
+        description="What replicas are scaled on: Serve's ongoing requests per replica "
+        "(target_ongoing_requests), or the CPU each replica measures of itself "
+        "(target_cpu_utilization of cores_per_replica; Render and Derender only).",
+    )
     target_ongoing_requests: float = Field(
         2.0, gt=0, description="Ongoing requests (streams) per replica to aim for."
+    )
+    target_cpu_utilization: float = Field(
+        0.7, gt=0, le=1, description="policy cpu: mean share of cores_per_replica to aim for."
+    )
+    cores_per_replica: float | None = Field(
+        None,
+        gt=0,
+        description="policy cpu: cores one replica may use; default its num_cpus (1 if 0).",
     )
     upscale_delay_s: float = Field(2.0, ge=0, description="Sustained load before scaling out.")
     downscale_delay_s: float = Field(
@@ -41,7 +61,7 @@ class AutoscalingOptions(_Strict):
     )
     # Serve warns, and will refuse, a window not longer than its metrics interval (10 s).
     look_back_period_s: float = Field(
-        30.0, gt=10, description="Window over which Serve averages ongoing requests (its default)."
+        30.0, gt=10, description="Window over which Serve averages its signal (its default)."
     )
 
     @model_validator(mode="after")
@@ -50,10 +70,14 @@ class AutoscalingOptions(_Strict):
             raise ValueError(
                 f"min_replicas ({self.min_replicas}) exceeds max_replicas ({self.max_replicas})"
             )
+        if self.policy != "cpu" and self.cores_per_replica is not None:
+            raise ValueError(f"cores_per_replica is for policy cpu (policy is {self.policy})")
         return self
 
-    def to_serve(self) -> dict[str, Any]:
-        return {
+    def to_serve(self, num_cpus: float | None = None) -> dict[str, Any]:
+        """Serve's ``autoscaling_config``; ``num_cpus``: a replica's logical CPUs, the
+        cores the CPU policy gives it unless ``cores_per_replica`` says otherwise."""
+        serve: dict[str, Any] = {
             "min_replicas": self.min_replicas,
             "max_replicas": self.max_replicas,
             "target_ongoing_requests": self.target_ongoing_requests,
@@ -61,6 +85,16 @@ class AutoscalingOptions(_Strict):
             "downscale_delay_s": self.downscale_delay_s,
             "look_back_period_s": self.look_back_period_s,
         }
+        if self.policy == "cpu":
+            cores = self.cores_per_replica or num_cpus or 1.0
+            serve["policy"] = {
+                "policy_function": CPU_POLICY,
+                "policy_kwargs": {
+                    "target_utilization": self.target_cpu_utilization,
+                    "cores_per_replica": cores,
+                },
+            }
+        return serve
 
 
 class DeploymentOptions(_Strict):
@@ -113,17 +147,19 @@ class DeploymentOptions(_Strict):
             actor_options["num_cpus"] = self.num_cpus
         if self.resources is not None:
             actor_options["resources"] = {**actor_options.get("resources", {}), **self.resources}
-        return deployment.options(ray_actor_options=actor_options, **self.to_serve())
+        serve = self.to_serve(actor_options.get("num_cpus"))
+        return deployment.options(ray_actor_options=actor_options, **serve)
 
-    def to_serve(self) -> dict[str, Any]:
-        """Keyword arguments for ``Deployment.options``; only what was set."""
+    def to_serve(self, num_cpus: float | None = None) -> dict[str, Any]:
+        """Keyword arguments for ``Deployment.options``; only what was set (``num_cpus``:
+        a replica's logical CPUs, for the CPU autoscaling policy)."""
         opts: dict[str, Any] = {}
         if self.num_replicas is not None:
             # A fixed count replaces the class's own autoscaling default.
             opts["num_replicas"] = self.num_replicas
             opts["autoscaling_config"] = None
         if self.autoscaling is not None:
-            opts["autoscaling_config"] = self.autoscaling.to_serve()
+            opts["autoscaling_config"] = self.autoscaling.to_serve(num_cpus)
         if self.max_ongoing_requests is not None:
             opts["max_ongoing_requests"] = self.max_ongoing_requests
         if self.max_queued_requests is not None:
@@ -289,6 +325,11 @@ class GraphConfig(_Strict):
             raise ValueError("tensor_parallel_size > 1 needs num_gpus > 0")
         if self.num_gpus > 0 and self.generate.cpu_cores is not None:
             raise ValueError("generate.cpu_cores binds CPU engines; unset it with num_gpus > 0")
+        for name in ("ingress", "generate"):
+            scaling = getattr(self, name).autoscaling
+            if scaling is not None and scaling.policy == "cpu":
+                # Only the CPU tiers measure themselves; an engine's CPU spin-waits.
+                raise ValueError(f"{name}.autoscaling.policy 'cpu' is for render and derender only")
         return self
 
     @classmethod

@@ -1,6 +1,10 @@
 """One local multi-node Ray cluster shaped like ``k8s/overlays/cpu``, with the
 ``serveConfigV2`` that overlay carries deployed through the head's dashboard.
 
+Every node runs on this host and shares its 2 cores, so the overlay's Derender, which
+scales on its CPU, is measured against the share of a core one replica can use here
+(``on_shared_host``), not the core it reserves on a CPU node.
+
 ``SCALEOUT_CLUSTER_FULL=1`` (``make test-cluster``) runs every fault, with the
 overlay's scaling options and Ray's timing as written. Without it (``make test``,
 CI) the ramp and one fault run, and what the test waits on comes sooner, to keep CI
@@ -24,11 +28,9 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from bench.harness.cluster import (
     ClusterShape,
@@ -37,7 +39,7 @@ from bench.harness.cluster import (
     local_cluster,
     set_client_env,
 )
-from bench.harness.kustomize import overlay
+from bench.harness.kustomize import on_shared_host, overlay, with_derender_scaling
 
 FULL = os.environ.get("SCALEOUT_CLUSTER_FULL") == "1"
 OVERLAY = "cpu"
@@ -65,7 +67,7 @@ class ClusterGraph:
 @pytest.fixture(scope="package")
 def cluster_graph(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterGraph]:
     set_client_env()
-    rayservice = overlay(OVERLAY)
+    rayservice = on_shared_host(overlay(OVERLAY))
     work: Path = tmp_path_factory.mktemp("cluster")
     shape = ClusterShape.of(rayservice)
     ray_settings = {}
@@ -75,13 +77,3 @@ def cluster_graph(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterG
         ray_settings = REDUCED_NODE_DEATH
     with local_cluster(shape, work, ray_settings=ray_settings) as cluster:
         yield ClusterGraph(cluster, deploy_rayservice(cluster, rayservice))
-
-
-def with_derender_scaling(rayservice: dict[str, Any], options: dict[str, float]) -> dict[str, Any]:
-    """The manifest with ``options`` over its Derender autoscaling, in every application."""
-    config = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
-    for app in config["applications"]:
-        autoscaling = app["args"]["derender"]["autoscaling"]
-        autoscaling.update(options)
-    spec = {**rayservice["spec"], "serveConfigV2": yaml.safe_dump(config)}
-    return {**rayservice, "spec": spec}

@@ -26,7 +26,9 @@ from bench.harness.cluster_load import (
     engine_requests,
     outcome,
 )
+from bench.harness.kustomize import SHARED_HOST_DERENDER_CORES
 from bench.harness.sse_reader import Stream
+from deployments.config.graph_config import CPU_POLICY
 from tests.cluster.conftest import AFTER_LOSS_S, FULL, ClusterGraph
 
 ENGINE_GROUP = "engine"
@@ -90,13 +92,28 @@ def test_the_graph_is_placed_by_node_group(cluster_graph: ClusterGraph) -> None:
     assert outcome(stream) == "ok", stream.events[-3:]
 
 
+def test_serve_runs_the_cpu_tiers_on_the_overlays_cpu_policy(cluster_graph: ClusterGraph) -> None:
+    """What the ramp below scales on: Render and Derender on the CPU policy, as Serve's
+    controller runs them (a policy it could not load would have failed the deploy)."""
+    (app,) = cluster_graph.cluster.serve_applications().values()
+    assert app["status"] == "RUNNING"
+    for name in ("Render", "Derender"):
+        deployment = app["deployments"][name]
+        assert deployment["status"] == "HEALTHY"
+        policy = deployment["deployment_config"]["autoscaling_config"]["policy"]
+        assert policy["policy_function"] == CPU_POLICY, policy
+    derender = app["deployments"]["Derender"]["deployment_config"]["autoscaling_config"]
+    assert derender["policy"]["policy_kwargs"]["cores_per_replica"] == SHARED_HOST_DERENDER_CORES
+
+
 def test_autoscaler_adds_a_cpu_node_for_derender_survives_losing_it_and_removes_it(
     cluster_graph: ClusterGraph, tmp_path: Path
 ) -> None:
-    """Ramp → Serve scales Derender past what the CPU node fits → the autoscaler adds a
-    node and a Derender replica there serves. Its raylet is killed mid-stream: its
-    streams end with an error event and [DONE] within 5 s, the rest finish, requests
-    after the loss succeed. After the load, Derender scales in and the node goes."""
+    """Ramp → Serve scales Derender on its CPU (the overlay's policy) past what the CPU
+    node fits → the autoscaler adds a node and a Derender replica there serves. Its
+    raylet is killed mid-stream: its streams end with an error event and [DONE] within
+    5 s, the rest finish, requests after the loss succeed. After the load, Derender
+    scales in and the node goes."""
     cluster = cluster_graph.cluster
     base_url = cluster_graph.base_url
     first_nodes = {n["node_id"] for n in cluster.nodes() if n["group"] == CPU_GROUP}

@@ -5,7 +5,8 @@ layer's package and of lower layers only (lazy imports inside functions count):
 
 0. ``deployments.config``, ``deployments.messages``: nothing of the project;
 1. ``deployments.transport``: Serve's handles and channels, and the one door to
-   Serve's private state;
+   Serve's private state; ``deployments.scaling``: what CPU tiers report to Serve's
+   autoscaler, and the policy it runs on it;
 2. ``deployments.vllm_adapter``: the one door to vLLM's internals, engine start;
 3. ``deployments.text``, ``deployments.routing`` (not each other);
 4. ``deployments.edge``: the HTTP edge; ``deployments.declarations``: how Serve is
@@ -30,6 +31,7 @@ LAYERS: dict[str, int] = {
     "config": 0,
     "messages": 0,
     "transport": 1,
+    "scaling": 1,
     "vllm_adapter": 2,
     "text": 3,
     "routing": 3,

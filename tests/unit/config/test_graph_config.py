@@ -118,3 +118,37 @@ def test_each_replica_on_a_node_gets_cores_of_its_own(
     allowed: list[int], cores: int, rank: int, expected: list[int]
 ) -> None:
     assert replica_cores(allowed, cores, rank) == expected
+
+
+def test_the_cpu_autoscaling_policy_is_for_the_cpu_tiers_and_takes_their_cores() -> None:
+    scaled = GraphConfig.from_args(
+        {"render.autoscaling.policy": "cpu", "render.autoscaling.cores_per_replica": "2"}
+    )
+    policy = scaled.render.to_serve(num_cpus=0.25)["autoscaling_config"]["policy"]
+    assert policy["policy_kwargs"] == {"target_utilization": 0.7, "cores_per_replica": 2.0}
+    # Without cores_per_replica: the replica's num_cpus, one core where it reserves none.
+    plain = GraphConfig.from_args({"derender.autoscaling.policy": "cpu"})
+    assert (
+        plain.derender.to_serve(0.5)["autoscaling_config"]["policy"]["policy_kwargs"][
+            "cores_per_replica"
+        ]
+        == 0.5
+    )
+    assert (
+        plain.derender.to_serve(0)["autoscaling_config"]["policy"]["policy_kwargs"][
+            "cores_per_replica"
+        ]
+        == 1.0
+    )
+    # The default signal adds no policy: Serve's own.
+    assert (
+        "policy"
+        not in GraphConfig.from_args(
+            {"derender.autoscaling.max_replicas": "3"}
+        ).derender.to_serve()["autoscaling_config"]
+    )
+    for tier in ("generate", "ingress"):
+        with pytest.raises(ValidationError, match="render and derender only"):
+            GraphConfig.from_args({f"{tier}.autoscaling.policy": "cpu"})
+    with pytest.raises(ValidationError, match="cores_per_replica is for policy cpu"):
+        GraphConfig.from_args({"derender.autoscaling.cores_per_replica": "1"})

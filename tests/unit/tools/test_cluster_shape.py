@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+import yaml
 
 from bench.harness.cluster import HEAD_GROUP, ClusterShape
-from bench.harness.kustomize import overlay
+from bench.harness.kustomize import SHARED_HOST_DERENDER_CORES, on_shared_host, overlay
 from bench.multinode.report import second_half, slope_per_minute
+from deployments.config.graph_config import GraphConfig
 
 
 def test_the_cpu_overlay_gives_the_node_groups_as_ray_resources() -> None:
@@ -47,3 +51,20 @@ def test_rss_slope_is_least_squares_over_the_second_half() -> None:
     assert slope_per_minute(half) == pytest.approx(2.0)
     assert slope_per_minute(points[:1]) is None
     assert slope_per_minute([(1.0, 5.0), (1.0, 6.0)]) is None
+
+
+def test_the_cpu_overlay_scales_its_cpu_tiers_on_cpu_and_a_shared_host_shrinks_the_cores() -> None:
+    def derender_policy(rayservice: dict[str, Any]) -> dict[str, Any]:
+        (app,) = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"]
+        config = GraphConfig.from_args(app["args"])
+        assert config.render.autoscaling is not None
+        assert config.render.autoscaling.policy == "cpu"
+        num_cpus = config.derender.num_cpus
+        policy: dict[str, Any] = config.derender.to_serve(num_cpus)["autoscaling_config"]["policy"]
+        return policy["policy_kwargs"]
+
+    manifest = overlay("cpu")
+    # On a CPU node a Derender replica may use the core it reserves.
+    assert derender_policy(manifest) == {"target_utilization": 0.7, "cores_per_replica": 1.0}
+    shared = derender_policy(on_shared_host(manifest))
+    assert shared == {"target_utilization": 0.7, "cores_per_replica": SHARED_HOST_DERENDER_CORES}
