@@ -15,6 +15,7 @@ nothing of the project: only the standard library and Ray.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,10 @@ CPU_CORES = "cpu_cores"
 """Cores the replica's process used since its last report (1.0: one core, busy)."""
 WORK_PER_S = "work_per_s"
 """Its work done per second: tokens derendered (Derender), prompts rendered (Render)."""
+# How long after a scale-out its replicas still starting are held (a replica here
+# starts in ~25 s). Past it, one still not running is taken as one that will not (no
+# node has room for it) and stops holding the tier up.
+START_GRACE_S = 90.0
 
 
 @dataclass(frozen=True)
@@ -69,9 +74,9 @@ def desired_replicas(
     yet, having just started, are left out of the mean); ``current``: the replicas
     running. The tier does not shrink while ``queued`` requests wait at the callers'
     handles (its replicas are short of slots, whatever their CPU says), nor below the
-    ``starting`` replicas a scale-out still waits for: the running replicas' CPU does
-    not show the load those will take off them, and a tier that stopped them as they
-    started would scale out again at once.
+    ``starting`` replicas of a scale-out still under way: the running replicas' CPU
+    does not show the load those will take off them, and a tier that stopped them as
+    they started would scale out again at once.
     """
     if current <= 0:
         return float(current)
@@ -100,12 +105,15 @@ class CpuUtilizationPolicy:
         reported = (ctx.aggregated_metrics or {}).get(CPU_CORES, {})
         cores = [reported[r] for r in ctx.running_replicas if r in reported]
         running = ctx.current_num_replicas
+        now = ctx.current_time if ctx.current_time is not None else time.time()
+        scaled_out = ctx.last_scale_up_time
+        recent = scaled_out is not None and now - scaled_out < START_GRACE_S
         desired = desired_replicas(
             cores,
             running,
             self.target,
             queued=ctx.total_queued_requests or 0.0,
-            starting=max(ctx.target_num_replicas - running, 0),
+            starting=max(ctx.target_num_replicas - running, 0) if recent else 0,
         )
         used = utilization(cores, self.target.cores_per_replica)
         # Kept by Serve between decisions, for whoever reads the policy's state.

@@ -12,6 +12,7 @@ from deployments.config.graph_config import GraphConfig
 from deployments.scaling.cpu_load import CpuLoad
 from deployments.scaling.cpu_policy import (
     CPU_CORES,
+    START_GRACE_S,
     WORK_PER_S,
     CpuTarget,
     CpuUtilizationPolicy,
@@ -68,7 +69,12 @@ def test_a_target_out_of_range_is_refused(kwargs: dict[str, Any]) -> None:
         CpuTarget(**kwargs)
 
 
-def _context(cores: dict[Any, float], running: list[Any]) -> AutoscalingContext:
+def _context(
+    cores: dict[Any, float],
+    running: list[Any],
+    target: int | None = None,
+    scaled_up_s_ago: float | None = None,
+) -> AutoscalingContext:
     """Serve's context; replicas named by strings (the policy only matches them up;
     Serve's ``ReplicaID`` is private)."""
     return AutoscalingContext(
@@ -76,7 +82,7 @@ def _context(cores: dict[Any, float], running: list[Any]) -> AutoscalingContext:
         deployment_name="Derender",
         app_name="default",
         current_num_replicas=len(running),
-        target_num_replicas=len(running),
+        target_num_replicas=len(running) if target is None else target,
         running_replicas=running,
         total_num_requests=3.0,
         total_queued_requests=0.0,
@@ -85,9 +91,9 @@ def _context(cores: dict[Any, float], running: list[Any]) -> AutoscalingContext:
         capacity_adjusted_min_replicas=1,
         capacity_adjusted_max_replicas=4,
         policy_state={},
-        last_scale_up_time=None,
+        last_scale_up_time=None if scaled_up_s_ago is None else 1000.0 - scaled_up_s_ago,
         last_scale_down_time=None,
-        current_time=None,
+        current_time=1000.0,
         config=None,
     )
 
@@ -133,3 +139,15 @@ def test_replicas_still_starting_are_not_given_up_for_the_running_ones_cpu() -> 
     assert desired_replicas([0.5], 1, TARGET, starting=1) == 2.0
     # More load still asks for more on top.
     assert desired_replicas([2.1], 1, TARGET, starting=1) == pytest.approx(3.0)
+
+
+def test_replicas_that_never_start_stop_holding_the_tier_up_after_the_grace() -> None:
+    """A third replica decided under load but never placed (no node has room) holds the
+    tier at three only while it could still be starting."""
+    policy = CpuUtilizationPolicy(target_utilization=0.7, cores_per_replica=1.0)
+    idle = {"replica-1": 0.02, "replica-2": 0.02}
+    running = ["replica-1", "replica-2"]
+    just_now = _context(idle, running, target=3, scaled_up_s_ago=10)
+    assert policy(just_now)[0] == 3.0
+    long_ago = _context(idle, running, target=3, scaled_up_s_ago=START_GRACE_S + 1)
+    assert policy(long_ago)[0] == pytest.approx(2 * 0.02 / 0.7)

@@ -1,0 +1,3 @@
+from bench.scaling.study import main
+
+main()
