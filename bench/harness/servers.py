@@ -35,6 +35,22 @@ PRISTINE_ENV = dict(os.environ)
 VENV_BIN = Path(sys.executable).parent
 
 
+def long_chat(prompt: str, max_tokens: int, pace_ms: float | None = None) -> dict[str, Any]:
+    """A streamed chat with the embedded model of exactly ``max_tokens`` (``ignore_eos``),
+    its usage last; each engine step held ``pace_ms`` if given (``paced_decode.py``)."""
+    body: dict[str, Any] = {
+        "model": str(TINY_MODEL),
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if pace_ms is not None:
+        body["vllm_xargs"] = {"pace_ms": pace_ms}
+    return body
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -39,7 +39,13 @@ from typing import Any
 import httpx
 import psutil
 
-from bench.harness.servers import TINY_MODEL, Server, running_graph, running_vllm_as_graph
+from bench.harness.servers import (
+    TINY_MODEL,
+    Server,
+    long_chat,
+    running_graph,
+    running_vllm_as_graph,
+)
 from bench.harness.sse_chunks import json_chunks
 from bench.hostcpu.report import Result, report, row
 from bench.metrics import engine_steps
@@ -83,15 +89,7 @@ class Load:
 
     def chat(self, i: int) -> dict[str, Any]:
         prompt = PROMPTS[i % len(PROMPTS)] if self.traffic == "short" else PROMPTS[0]
-        body: dict[str, Any] = {
-            "model": str(TINY_MODEL),
-            "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": self.tokens,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "vllm_xargs": {"pace_ms": self.pace_ms},
-        }
+        body = long_chat(prompt, self.tokens, self.pace_ms)
         if self.traffic != "short":
             body["temperature"] = 1.0
         if self.traffic == "reasoning-seeded":

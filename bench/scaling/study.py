@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 import psutil
 
-from bench.harness.servers import TINY_MODEL, running_graph
+from bench.harness.servers import TINY_MODEL, long_chat, running_graph
 
 DERENDER_NUM_CPUS = 0.25  # configs/S.yaml
 SCALING = {
@@ -153,16 +153,7 @@ class Sampler(threading.Thread):
 
 
 async def one_stream(http: httpx.AsyncClient, base_url: str, phase: Phase, start: float) -> Request:
-    body: dict[str, Any] = {
-        "model": str(TINY_MODEL),
-        "messages": [{"role": "user", "content": PROMPT}],
-        "max_tokens": phase.tokens,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if phase.pace_ms:
-        body["vllm_xargs"] = {"pace_ms": phase.pace_ms}
+    body = long_chat(PROMPT, phase.tokens, phase.pace_ms or None)
     started = time.monotonic()
     first = last = None
     tokens = 0

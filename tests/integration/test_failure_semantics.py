@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.harness.servers import Server
+from bench.harness.servers import Server, long_chat
 from bench.harness.sse_reader import Stream
 from bench.metrics import running_requests as parse_running_requests
 from tests.integration.conftest import API_KEY, AUTH, MODEL, TOKENS_ONLY_PREFIX
@@ -56,16 +56,7 @@ def long_body(
     ``pace_ms`` holds each engine step of the request that long
     (``bench/harness/paced_decode.py``): long in time, light in load.
     """
-    chat: dict[str, Any] = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "think: what is 2 plus 3?"}],
-        "max_tokens": tokens,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if pace_ms is not None:
-        chat["vllm_xargs"] = {"pace_ms": pace_ms}
+    chat = long_chat("think: what is 2 plus 3?", tokens, pace_ms)
     if kind in ("inline", "tier"):
         return "/v1/chat/completions", chat, {"X-Text-Placement": kind}
     request = rendered(client, {k: v for k, v in chat.items() if k != "stream_options"})
