@@ -31,11 +31,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
-import psutil
 
 from bench.harness.servers import TINY_MODEL, long_chat, running_graph
+from bench.observe import sample
 
 DERENDER_NUM_CPUS = 0.25  # configs/S.yaml
 SCALING = {
@@ -119,32 +120,23 @@ def graph_args(signal: str) -> dict[str, Any]:
     }
 
 
-_DERENDER = re.compile(rb"ServeReplica:default:Derender")
-
-
-def derender_cpu_s() -> dict[int, float]:
-    """CPU seconds so far of each Derender replica process (starting ones too)."""
-    out = {}
-    for process in psutil.process_iter(["cmdline"]):
-        try:
-            if _DERENDER.search(" ".join(process.info["cmdline"] or ()).encode()):
-                times = process.cpu_times()
-                out[process.pid] = times.user + times.system
-        except psutil.Error:
-            continue
-    return out
+def derender_cpu_s(port: int) -> dict[int, float]:
+    """CPU seconds so far of each Derender replica process (starting ones too) of the
+    graph listening on ``port`` (``bench.observe``)."""
+    now = sample(0.0, "default", port)
+    return {pid: cpu for pid, (tier, cpu) in now.cpu_s.items() if tier == "Derender"}
 
 
 class Sampler(threading.Thread):
-    def __init__(self, run: Run, start: float) -> None:
+    def __init__(self, run: Run, start: float, port: int) -> None:
         super().__init__(daemon=True)
-        self.run_, self.start_, self.phase = run, start, "warm-up"
+        self.run_, self.start_, self.phase, self.port = run, start, "warm-up", port
         self.stopped = threading.Event()
 
     def run(self) -> None:
-        before = derender_cpu_s()
+        before = derender_cpu_s(self.port)
         while not self.stopped.wait(1.0):
-            now = derender_cpu_s()
+            now = derender_cpu_s(self.port)
             cores = sum(cpu - before.get(pid, cpu) for pid, cpu in now.items())
             self.run_.ticks.append(
                 Tick(round(time.monotonic() - self.start_, 1), self.phase, len(now), cores)
@@ -208,7 +200,7 @@ def run_signal(signal: str, work: Path) -> Run:
         asyncio.run(_warm(server.base_url, warm))
         time.sleep(30)  # the warm-up's load out of Serve's look-back window
         start, wall_start = time.monotonic(), time.time()
-        sampler = Sampler(run, start)
+        sampler = Sampler(run, start, urlsplit(server.base_url).port or 80)
         sampler.start()
         try:
             asyncio.run(run_phases(server.base_url, run, sampler, start))
