@@ -16,7 +16,16 @@ from deployments.scaling.cpu_policy import CPU_CORES, WORK_PER_S
 
 
 class CpuLoad:
-    """Counts a replica's work; reports its use since the last report."""
+    """Counts a replica's work; reports its use since the last report.
+
+    The first report gives no figure and starts the first window, as Kubernetes' HPA
+    leaves out a pod's CPU from before it is ready: Serve asks for it once the
+    replica's ``__init__`` returns, and until then the process was busy with its own
+    start: vLLM's renderer and tokenizer loaded, then Serve's start of the replica
+    (0.4–0.5 s of CPU in the 0.7–1.0 s from ``__init__``'s end to that first report,
+    measured on the cluster tests' graph). Taken as load, it scaled every idle tier out
+    at each replica start.
+    """
 
     def __init__(
         self,
@@ -25,17 +34,20 @@ class CpuLoad:
     ) -> None:
         self._clock, self._cpu_clock = clock, cpu_clock
         self._work = 0
-        self._since = (clock(), cpu_clock(), 0)
+        self._since: tuple[float, float, int] | None = None
 
     def did(self, work: int) -> None:
         """``work`` more units done (tokens derendered, prompts rendered)."""
         self._work += work
 
     def report(self) -> dict[str, float]:
-        """Cores used and work per second since the last report (or since it started)."""
+        """Cores used and work per second since the last report; nothing at the first
+        (Serve's policy then leaves the replica out, as one that has not reported)."""
         now, cpu, work = self._clock(), self._cpu_clock(), self._work
-        wall_0, cpu_0, work_0 = self._since
-        self._since = (now, cpu, work)
+        since, self._since = self._since, (now, cpu, work)
+        if since is None:
+            return {}
+        wall_0, cpu_0, work_0 = since
         wall = now - wall_0
         if wall <= 0:
             return {CPU_CORES: 0.0, WORK_PER_S: 0.0}

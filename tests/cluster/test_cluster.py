@@ -35,6 +35,10 @@ ENGINE_GROUP = "engine"
 CPU_GROUP = "cpu-text"
 # An explicit error reaches a client within this of the failure (issue 15).
 ERROR_WITHIN_S = 5.0
+CPU_TIERS = ("Render", "Derender")
+# Past a fresh replica's first CPU report (Serve records Render's every 6 s, Derender's
+# every 2.2 s here, and pushes them every 10 s) and the 2 s upscale delay after it.
+IDLE_WATCH_S = 25.0
 T = TypeVar("T")
 
 
@@ -97,13 +101,31 @@ def test_serve_runs_the_cpu_tiers_on_the_overlays_cpu_policy(cluster_graph: Clus
     controller runs them (a policy it could not load would have failed the deploy)."""
     (app,) = cluster_graph.cluster.serve_applications().values()
     assert app["status"] == "RUNNING"
-    for name in ("Render", "Derender"):
+    for name in CPU_TIERS:
         deployment = app["deployments"][name]
         assert deployment["status"] == "HEALTHY"
         policy = deployment["deployment_config"]["autoscaling_config"]["policy"]
         assert policy["policy_function"] == CPU_POLICY, policy
     derender = app["deployments"]["Derender"]["deployment_config"]["autoscaling_config"]
     assert derender["policy"]["policy_kwargs"]["cores_per_replica"] == SHARED_HOST_DERENDER_CORES
+
+
+def test_an_idle_graph_stays_at_its_minimum(cluster_graph: ClusterGraph) -> None:
+    """No load, no scale-out: Render's and Derender's targets stay at their minimum past
+    their replicas' first CPU reports and Serve's decision on them. A replica that
+    counted its own start-up as load would scale its tier out here."""
+    cluster = cluster_graph.cluster
+    targets: dict[str, set[int]] = {name: set() for name in CPU_TIERS}
+    minimum: dict[str, int] = {}
+    deadline = time.monotonic() + IDLE_WATCH_S
+    while time.monotonic() < deadline:
+        (app,) = cluster.serve_applications().values()
+        for name in CPU_TIERS:
+            deployment = app["deployments"][name]
+            minimum[name] = deployment["deployment_config"]["autoscaling_config"]["min_replicas"]
+            targets[name].add(deployment["target_num_replicas"])
+        time.sleep(1)
+    assert targets == {name: {minimum[name]} for name in CPU_TIERS}, (targets, minimum)
 
 
 def test_autoscaler_adds_a_cpu_node_for_derender_survives_losing_it_and_removes_it(
@@ -116,6 +138,10 @@ def test_autoscaler_adds_a_cpu_node_for_derender_survives_losing_it_and_removes_
     scales in and the node goes."""
     cluster = cluster_graph.cluster
     base_url = cluster_graph.base_url
+    (min_cpu_nodes,) = (g.min_nodes for g in cluster.shape.groups if g.name == CPU_GROUP)
+    # From the group's minimum: nodes an earlier test left come and go on their own.
+    wait_for("the CPU group at its minimum",
+             lambda: cluster.groups().get(CPU_GROUP) == min_cpu_nodes, 120, cluster)  # fmt: skip
     first_nodes = {n["node_id"] for n in cluster.nodes() if n["group"] == CPU_GROUP}
     timeline = Timeline(cluster)
     load = OpenLoop(base_url, cluster_graph.model, [Phase(3.0, 180.0)], max_tokens=256)
@@ -206,7 +232,7 @@ def test_autoscaler_adds_a_cpu_node_for_derender_survives_losing_it_and_removes_
         # 4. Load gone: Derender back to its minimum, the extra CPU nodes removed.
         def scaled_in() -> bool:
             derender = [r for r in cluster.replicas() if r["deployment"] == "Derender"]
-            return len(derender) == 1 and cluster.groups().get(CPU_GROUP) == len(first_nodes)
+            return len(derender) == 1 and cluster.groups().get(CPU_GROUP) == min_cpu_nodes
 
         wait_for("Derender and the CPU nodes scaled in", scaled_in, 300, cluster)
     finally:
@@ -216,7 +242,7 @@ def test_autoscaler_adds_a_cpu_node_for_derender_survives_losing_it_and_removes_
             json.dumps([s.__dict__ for s in timeline.samples], indent=1)
         )
     peak_nodes = max(s.nodes.get(CPU_GROUP, 0) for s in timeline.samples)
-    assert peak_nodes > len(first_nodes)
+    assert peak_nodes > min_cpu_nodes
 
 
 def test_the_data_plane_answers_while_the_serve_controller_restarts(

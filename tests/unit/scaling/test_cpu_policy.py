@@ -127,11 +127,22 @@ def test_cpu_load_reports_cores_and_work_per_second_since_the_last_report() -> N
     wall = itertools.count(0.0, 2.0)  # two seconds between reads
     cpu = iter([0.0, 1.0, 1.5, 1.5])
     load = CpuLoad(clock=lambda: next(wall), cpu_clock=lambda: next(cpu))
+    assert load.report() == {}  # the first: a window that starts as the replica does
     load.did(300)
     assert load.report() == {CPU_CORES: 0.5, WORK_PER_S: 150.0}
     load.did(20)
     assert load.report() == {CPU_CORES: 0.25, WORK_PER_S: 10.0}
     assert load.report() == {CPU_CORES: 0.0, WORK_PER_S: 0.0}
+
+
+def test_cpu_load_leaves_out_what_came_before_its_first_report() -> None:
+    """A replica's start (seconds of CPU before Serve first asks) is not load."""
+    wall = iter([1.0, 7.0])
+    cpu = iter([5.5, 5.56])  # 5.5 s of start-up CPU, then 0.01 cores idle
+    load = CpuLoad(clock=lambda: next(wall), cpu_clock=lambda: next(cpu))
+    load.did(3)
+    assert load.report() == {}
+    assert load.report() == {CPU_CORES: pytest.approx(0.01), WORK_PER_S: 0.0}
 
 
 def test_replicas_still_starting_are_not_given_up_for_the_running_ones_cpu() -> None:
