@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from bench.harness.servers import TINY_MODEL, long_chat, running_graph
+from bench.harness.timed_stream import timed_chat
 from bench.observe import sample
 
 DERENDER_NUM_CPUS = 0.25  # configs/S.yaml
@@ -146,33 +147,11 @@ class Sampler(threading.Thread):
 
 async def one_stream(http: httpx.AsyncClient, base_url: str, phase: Phase, start: float) -> Request:
     body = long_chat(PROMPT, phase.tokens, phase.pace_ms or None)
-    started = time.monotonic()
-    first = last = None
-    tokens = 0
-    ok = False
-    try:
-        async with http.stream("POST", f"{base_url}/v1/chat/completions", json=body) as reply:
-            async for line in reply.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[6:]
-                if data == "[DONE]":
-                    ok = reply.status_code == 200
-                    break
-                payload = json.loads(data)
-                if payload.get("usage"):
-                    tokens = payload["usage"]["completion_tokens"]
-                if any(c.get("delta", {}).get("content") or c.get("delta", {}).get(
-                    "reasoning") for c in payload.get("choices") or ()):  # fmt: skip
-                    last = time.monotonic()
-                    first = first or last
-    except httpx.HTTPError:
-        ok = False
-    tpot = None
-    if ok and first is not None and last is not None and tokens > 1:
-        tpot = (last - first) / (tokens - 1) * 1000
+    timed = await timed_chat(http, f"{base_url}/v1/chat/completions", body)
     ended = round(time.monotonic() - start, 2)
-    return Request(phase.name, round(started - start, 2), tpot, tokens, ok, ended)
+    return Request(
+        phase.name, round(timed.started - start, 2), timed.tpot_ms, timed.tokens, timed.ok, ended
+    )
 
 
 async def run_phases(base_url: str, run: Run, sampler: Sampler, start: float) -> None:

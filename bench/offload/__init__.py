@@ -1,0 +1,1 @@
+"""Where the derender tier wins (``python -m bench.offload``)."""

@@ -1,0 +1,3 @@
+from bench.offload.study import main
+
+main()

@@ -1,0 +1,223 @@
+"""The report of ``bench.offload``: I against S per load, with the CPU behind each."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on a server
+import matplotlib.pyplot as plt
+
+from bench.stats import percentile
+
+NAMES = {"inline": "I", "tier": "S"}
+TEXT_SIDE = ("cpu-text", "head", "client")
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _cells(data: dict[str, Any]) -> dict[int, dict[str, list[dict[str, Any]]]]:
+    cells: dict[int, dict[str, list[dict[str, Any]]]] = {}
+    for r in data["rounds"]:
+        cells.setdefault(r["streams"], {}).setdefault(r["placement"], []).append(r)
+    return cells
+
+
+def _tpots(rounds: list[dict[str, Any]]) -> list[float]:
+    return [q["tpot_ms"] for r in rounds for q in r["requests"] if q["tpot_ms"] is not None]
+
+
+def _round_p50(r: dict[str, Any]) -> float | None:
+    return percentile(_tpots([r]), 50)
+
+
+def _tokens(r: dict[str, Any]) -> int:
+    return sum(q["tokens"] for q in r["requests"] if q["ok"])
+
+
+def _cores(rounds: list[dict[str, Any]], groups: tuple[str, ...]) -> float:
+    """Cores the ``groups`` used on average over ``rounds``."""
+    cpu = sum(sum(r["cpu_s"].get(g, {}).values()) for r in rounds for g in groups)
+    return cpu / sum(r["wall_s"] for r in rounds)
+
+
+def _kind_ms_per_token(rounds: list[dict[str, Any]], group: str, kind: str | None) -> float:
+    cpu = sum(v for r in rounds for k, v in r["cpu_s"].get(group, {}).items() if kind in (None, k))
+    return cpu / sum(_tokens(r) for r in rounds) * 1000
+
+
+def cell_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    tpots, ttfts = (
+        _tpots(rounds),
+        [q["ttft_ms"] for r in rounds for q in r["requests"] if q["ttft_ms"] is not None],
+    )
+    requests = [q for r in rounds for q in r["requests"]]
+    rates = [_tokens(r) / r["wall_s"] for r in rounds]
+    return {
+        "ok": sum(q["ok"] for q in requests),
+        "requests": len(requests),
+        "ttft_p50": percentile(ttfts, 50),
+        "tpot_p50": percentile(tpots, 50),
+        "tpot_p95": percentile(tpots, 95),
+        "round_p50s": [_round_p50(r) for r in rounds],
+        "tokens_per_s": sum(rates) / len(rates),
+        "rates": rates,
+        "engine_cores": _cores(rounds, ("engine",)),
+        "text_cores": _cores(rounds, TEXT_SIDE),
+        "engine_ms": _kind_ms_per_token(rounds, "engine", None),
+        "generate_ms": _kind_ms_per_token(rounds, "engine", "Generate"),
+        "engine_core_ms": _kind_ms_per_token(rounds, "engine", "EngineCore"),
+        "derender_ms": _kind_ms_per_token(rounds, "cpu-text", "Derender"),
+        "ingress_ms": _kind_ms_per_token(rounds, "cpu-text", "Ingress"),
+        "head_ms": _kind_ms_per_token(rounds, "head", None),
+        "client_ms": _kind_ms_per_token(rounds, "client", None),
+    }
+
+
+def ratio_rows(data: dict[str, Any]) -> list[str]:
+    """S ÷ I per cell: pooled TPOT p50, the range of the rounds' own ratios (each
+    round of S against the round of I next to it), and tokens/s."""
+    rows = []
+    for streams, by in sorted(_cells(data).items()):
+        if set(by) != set(NAMES):
+            continue
+        i, s = cell_summary(by["inline"]), cell_summary(by["tier"])
+        pairs = [
+            b / a
+            for a, b in zip(i["round_p50s"], s["round_p50s"], strict=False)
+            if a is not None and b is not None
+        ]
+        spread = f"{min(pairs):.2f}–{max(pairs):.2f}" if pairs else "–"
+        rows.append(
+            f"| {streams} | {s['tpot_p50'] / i['tpot_p50']:.2f}× | {spread} "
+            f"| {s['tokens_per_s'] / i['tokens_per_s']:.2f}× "
+            f"| {s['ttft_p50'] / i['ttft_p50']:.2f}× |"
+        )
+    return rows
+
+
+def cell_rows(data: dict[str, Any]) -> list[str]:
+    rows = []
+    for streams, by in sorted(_cells(data).items()):
+        for placement in ("inline", "tier"):
+            if placement not in by:
+                continue
+            c = cell_summary(by[placement])
+            rows.append(
+                f"| {streams} | {NAMES[placement]} | {c['ok']} / {c['requests']} "
+                f"| {_fmt(c['ttft_p50'], 0)} | {_fmt(c['tpot_p50'])} | {_fmt(c['tpot_p95'])} "
+                f"| {c['tokens_per_s']:.0f} | {c['engine_cores']:.2f} | {c['text_cores']:.2f} "
+                f"| {c['engine_ms']:.2f} | {c['generate_ms']:.2f} | {c['engine_core_ms']:.2f} "
+                f"| {c['derender_ms']:.2f} | {c['ingress_ms']:.2f} | {c['head_ms']:.2f} "
+                f"| {c['client_ms']:.2f} |"
+            )
+    return rows
+
+
+def pinning_rows(data: dict[str, Any]) -> list[str]:
+    counts = Counter((p["group"], p["cores"]) for p in data["pinning"])
+    kinds: dict[tuple[str, str], set[str]] = {}
+    for p in data["pinning"]:
+        title = p["title"]
+        short = title.split()[0].rsplit("/", 1)[-1] if title else "?"
+        if "ServeReplica" in title:
+            short = title.split()[0]
+        kinds.setdefault((p["group"], p["cores"]), set()).add(short[:48])
+    return [
+        f"| {group} | {cores} | {n} | {', '.join(sorted(kinds[(group, cores)])[:8])} |"
+        for (group, cores), n in sorted(counts.items())
+    ]
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    cells = _cells(data)
+    ns = sorted(cells)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for placement, name in NAMES.items():
+        summaries = [cell_summary(cells[n][placement]) for n in ns]
+        p50s = [s["tpot_p50"] for s in summaries]
+        spans = [[x for x in s["round_p50s"] if x is not None] for s in summaries]
+        low = [p - min(xs) for p, xs in zip(p50s, spans, strict=True)]
+        high = [max(xs) - p for p, xs in zip(p50s, spans, strict=True)]
+        axes[0].errorbar(ns, p50s, yerr=[low, high], marker="o", capsize=3, label=name)
+        axes[1].plot(ns, [s["engine_cores"] for s in summaries], marker="o",
+                     label=f"{name}: engine node")  # fmt: skip
+        axes[1].plot(ns, [s["text_cores"] for s in summaries], marker="s", ls="--",
+                     label=f"{name}: CPU node, head, client")  # fmt: skip
+    axes[0].set_xlabel("concurrent streams")
+    axes[0].set_ylabel("TPOT p50 ms (bars: rounds' p50 range)")
+    axes[0].set_ylim(bottom=0)
+    axes[0].legend()
+    axes[1].set_xlabel("concurrent streams")
+    axes[1].set_ylabel("cores used")
+    axes[1].set_ylim(0, 1.1)
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write_report(data: dict[str, Any], out: Path) -> None:
+    image = out.with_suffix(".png")
+    plot(data, image)
+    a = data["args"]
+    engine = ",".join(map(str, a["engine_cores"]))
+    text = ",".join(map(str, a["text_cores"]))
+    lines = [
+        "# Where the derender tier wins: an engine host short of CPU",
+        "",
+        f"`python -m bench.offload --streams {','.join(map(str, a['streams']))} "
+        f"--rounds {a['rounds']} --out {out}`",
+        "",
+        f"Host: {data['host']['machine']}, {data['host']['cpus']} CPUs. A local Ray cluster "
+        "shaped like `k8s/overlays/cpu`, one node per group, each node's processes on cores "
+        f"of their own: the engine node (Generate, vLLM's engine core and worker) on core "
+        f"{engine}; the CPU node (Ingress, Render, Derender), the head (Serve's controller, "
+        f"HAProxy) and the load's client on core {text}. Every engine step is held "
+        f"{a['pace_ms']:g} ms (a sleep, as a GPU step leaves the host's CPU free), so the "
+        "engine host's CPU is what limits decoding. One deployment, both placements per "
+        "request (`X-Text-Placement`): **I** makes text in the Generate replica, on the "
+        "engine's core; **S** in the Derender tier, on the other core. A cell is N streamed "
+        f"chats at once ({a['tokens']} tokens each, `ignore_eos`, reasoning at temperature 1 "
+        "with a tool offered: the qwen3 reasoning and hermes tool parsers on every token), "
+        f"I and S in turn, {a['rounds']} rounds each.",
+        "",
+        "## S against I",
+        "",
+        "| N streams | TPOT p50, S ÷ I | rounds' own ratios | tokens/s, S ÷ I | TTFT p50, S ÷ I |",
+        "|---|---|---|---|---|",
+        *ratio_rows(data),
+        "",
+        f"![TPOT and cores]({image.name})",
+        "",
+        "## Per cell",
+        "",
+        "TTFT and TPOT (ms) over every stream of the cell's rounds; tokens/s: completed output "
+        "tokens over the round's wall time, averaged over rounds. *Cores*: CPU seconds over "
+        "wall seconds, the engine node's processes (its core) and the rest (the CPU node, "
+        "the head and the client, on the other core). CPU ms per output token: the engine "
+        "node in all, the Generate replica, vLLM's engine core (whose spin-wait fills "
+        "whatever its core leaves idle), then Derender, Ingress, the head and the client.",
+        "",
+        "| N | | ok | TTFT p50 | TPOT p50 | TPOT p95 | tokens/s | engine cores | other "
+        "cores | engine node ms/tok | Generate | EngineCore | Derender | Ingress | head "
+        "| client |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *cell_rows(data),
+        "",
+        "## Where each process ran",
+        "",
+        "Read back from `/proc/<pid>/status` (`Cpus_allowed_list`, every thread) after the "
+        "last round; the run fails if any process is off its group's cores.",
+        "",
+        "| node | cores | processes | e.g. |",
+        "|---|---|---|---|",
+        *pinning_rows(data),
+        "",
+    ]
+    out.write_text("\n".join(lines))

@@ -1,0 +1,270 @@
+"""Where the derender tier wins: text moved off an engine host whose CPU is short.
+
+    python -m bench.offload --out docs/offload.md
+
+A local cluster shaped like ``k8s/overlays/cpu`` (``bench/harness/cluster.py``,
+one node per group, no scaling) with each node on cores of its own
+(``bench/harness/pinning.py``): the engine node's raylet and everything under it
+(the Generate replica, vLLM's engine core and worker) on ``--engine-cores``; the
+CPU node (Ingress, Render, Derender), the head (Serve's controller and HAProxy)
+and this client on ``--text-cores``. Every process's cores are read back from
+``/proc`` after the run and listed in the report; a process elsewhere fails it.
+
+The engine's steps are held ``--pace-ms`` (``bench/harness/paced_decode.py``: a
+sleep, a GPU-like step that leaves the host's CPU free), so what limits decoding
+is the engine host's CPU, not the model. One deployment serves both placements,
+chosen per request (``X-Text-Placement``): I, text made in the Generate replica
+on the engine's core; S, in the Derender tier on the other. Each cell is
+``N`` streamed chats at once (reasoning at temperature 1, a tool offered, so the
+qwen3 reasoning and hermes tool parsers work on every token), I and S in turn,
+``--rounds`` times each; CPU seconds of every cluster process are read before and
+after each round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import resource
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import yaml
+
+from bench.harness.cluster import (
+    ClusterShape,
+    LocalCluster,
+    deploy_rayservice,
+    local_cluster,
+    set_client_env,
+)
+from bench.harness.kustomize import overlay
+from bench.harness.pinning import HEAD, by_group, cores_text, pin, placement
+from bench.harness.servers import long_chat
+from bench.harness.timed_stream import TimedStream, timed_chat
+
+PACED = "bench.harness.paced_decode:PacedDecode"
+PROMPT = "think: what is 2 plus 3?"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+PLACEMENTS = ("inline", "tier")
+ENGINE_GROUP, TEXT_GROUP = "engine", "cpu-text"
+
+
+def chat(tokens: int, pace_ms: float) -> dict[str, Any]:
+    body = long_chat(PROMPT, tokens, pace_ms)
+    body.update(temperature=1.0, tools=TOOLS, tool_choice="auto")
+    return body
+
+
+def fixed_shape(rayservice: dict[str, Any]) -> ClusterShape:
+    """The overlay's node groups, one node each and no more: what is measured is the
+    placement of text, not the autoscaler."""
+    shape = ClusterShape.of(rayservice)
+    groups = tuple(replace(g, min_nodes=1, max_nodes=1) for g in shape.groups)
+    return replace(shape, groups=groups)
+
+
+def serve_config(rayservice: dict[str, Any], engine_cores: int) -> dict[str, Any]:
+    """The overlay's ``serveConfigV2``, paced, with one replica per tier: Generate's
+    engine threads bound to the engine node's cores."""
+    config = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
+    (app,) = config["applications"]
+    args = app["args"]
+    args["logits_processors"] = [PACED]
+    args["generate"]["cpu_cores"] = engine_cores
+    for tier in ("render", "derender"):
+        args[tier] = {"num_cpus": args[tier]["num_cpus"], "num_replicas": 1}
+    return config
+
+
+@dataclass
+class Round:
+    streams: int
+    placement: str
+    wall_s: float
+    requests: list[dict[str, Any]]
+    """Per stream: ttft_ms, tpot_ms, tokens, ok."""
+    cpu_s: dict[str, dict[str, float]]
+    """Per node group (``engine``, ``cpu-text``, ``head``, ``client``): CPU seconds
+    of each kind of process there (a replica by its deployment, vLLM's engine
+    processes by title, the rest as ``other``)."""
+
+
+@dataclass
+class Study:
+    host: dict[str, Any]
+    args: dict[str, Any]
+    rounds: list[Round] = field(default_factory=list)
+    pinning: list[dict[str, Any]] = field(default_factory=list)
+
+
+def kind_of(title: str) -> str:
+    for deployment in ("Generate", "Derender", "Ingress", "Render", "AbortFanout"):
+        if f"ServeReplica:default:{deployment}" in title:
+            return deployment
+    for marker, kind in (
+        ("EngineCore", "EngineCore"),
+        ("VLLM::Worker", "vLLM worker"),
+        ("haproxy", "HAProxy"),
+        ("ProxyActor", "proxy"),
+        ("ServeController", "controller"),
+    ):
+        if marker in title:
+            return kind
+    return "other"
+
+
+def cpu_snapshot(cluster: LocalCluster) -> dict[int, tuple[str, str, float]]:
+    """Every cluster process: (node group, kind, its own CPU seconds)."""
+    processes = cluster.processes()
+    groups = by_group(processes)
+    snapshot = {}
+    for proc in processes:
+        try:
+            times = proc.cpu_times()
+            title = " ".join(proc.cmdline()) or proc.name()
+        except psutil.Error:
+            continue
+        snapshot[proc.pid] = (groups[proc.pid], kind_of(title), times.user + times.system)
+    return snapshot
+
+
+def client_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def cpu_between(
+    before: dict[int, tuple[str, str, float]], after: dict[int, tuple[str, str, float]]
+) -> dict[str, dict[str, float]]:
+    used: dict[str, dict[str, float]] = {}
+    for pid, (group, kind, cpu) in after.items():
+        start = before[pid][2] if pid in before else 0.0
+        per_kind = used.setdefault(group, {})
+        per_kind[kind] = round(per_kind.get(kind, 0.0) + cpu - start, 3)
+    return used
+
+
+async def one_round(
+    base_url: str, streams: int, placement_: str, tokens: int, pace_ms: float
+) -> tuple[float, list[TimedStream]]:
+    limits = httpx.Limits(max_connections=streams + 4)
+    headers = {"X-Text-Placement": placement_}
+    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+        start = time.monotonic()
+        done = await asyncio.gather(
+            *(
+                timed_chat(http, f"{base_url}/v1/chat/completions", chat(tokens, pace_ms), headers)
+                for _ in range(streams)
+            )
+        )
+        return time.monotonic() - start, list(done)
+
+
+def measure(
+    cluster: LocalCluster, base_url: str, streams: int, placement_: str, args: argparse.Namespace
+) -> Round:
+    before, client_before = cpu_snapshot(cluster), client_cpu_s()
+    wall, done = asyncio.run(one_round(base_url, streams, placement_, args.tokens, args.pace_ms))
+    cpu = cpu_between(before, cpu_snapshot(cluster))
+    cpu["client"] = {"client": round(client_cpu_s() - client_before, 3)}
+    requests = [
+        {"ttft_ms": s.ttft_ms, "tpot_ms": s.tpot_ms, "tokens": s.tokens, "ok": s.ok} for s in done
+    ]
+    return Round(streams, placement_, round(wall, 3), requests, cpu)
+
+
+def run(args: argparse.Namespace, work: Path) -> Study:
+    engine, text = set(args.engine_cores), set(args.text_cores)
+    # This client runs with the head and the CPU node: the engine's cores are its own.
+    os.sched_setaffinity(0, text)
+    set_client_env()
+    rayservice = overlay("cpu")
+    study = Study(
+        host={"machine": platform.machine(), "cpus": psutil.cpu_count()},
+        args={k: v for k, v in vars(args).items() if k != "out"},
+    )
+    with local_cluster(fixed_shape(rayservice), work) as cluster:
+        cores = {HEAD: text, TEXT_GROUP: text, ENGINE_GROUP: engine}
+        pin(cluster.processes(), cores)
+        spec = {**rayservice["spec"], "serveConfigV2": yaml.safe_dump(
+            serve_config(rayservice, len(engine)))}  # fmt: skip
+        base_url = deploy_rayservice(cluster, {**rayservice, "spec": spec})
+        for placement_ in PLACEMENTS:  # warm both paths
+            asyncio.run(one_round(base_url, 4, placement_, 16, 0))
+        for streams in args.streams:
+            for round_ in range(args.rounds):
+                order = PLACEMENTS if round_ % 2 == 0 else PLACEMENTS[::-1]
+                for placement_ in order:
+                    measured = measure(cluster, base_url, streams, placement_, args)
+                    study.rounds.append(measured)
+                    print(summary(measured), flush=True)
+        study.pinning = [asdict(p) for p in placement(cluster.processes())]
+    check_pinning(study.pinning, cores)
+    return study
+
+
+def check_pinning(pinning: list[dict[str, Any]], cores: dict[str, set[int]]) -> None:
+    """Every process on its group's cores, read back from the kernel."""
+    wrong = [p for p in pinning if p["cores"] != cores_text(cores[p["group"]])]
+    if wrong:
+        raise RuntimeError(f"processes off their cores: {wrong[:5]}")
+
+
+def summary(r: Round) -> str:
+    ok = [q for q in r.requests if q["ok"]]
+    tpots = sorted(q["tpot_ms"] for q in ok if q["tpot_ms"] is not None)
+    p50 = tpots[len(tpots) // 2] if tpots else float("nan")
+    cores = {g: round(sum(k.values()) / r.wall_s, 2) for g, k in r.cpu_s.items()}
+    return (
+        f"N={r.streams} {r.placement}: {len(ok)}/{len(r.requests)} ok, TPOT p50 {p50:.1f} ms, "
+        f"wall {r.wall_s:.1f} s, cores {cores}"
+    )
+
+
+def main() -> None:
+    from bench.offload.report import write_report
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--streams", type=lambda s: [int(x) for x in s.split(",")],
+                        default=[4, 16, 48])  # fmt: skip
+    parser.add_argument("--tokens", type=int, default=256, help="output tokens per stream")
+    parser.add_argument("--pace-ms", type=float, default=15, help="engine step (ms)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of I and S per cell")
+    parser.add_argument("--engine-cores", type=lambda s: [int(x) for x in s.split(",")],
+                        default=[0])  # fmt: skip
+    parser.add_argument("--text-cores", type=lambda s: [int(x) for x in s.split(",")],
+                        default=[1])  # fmt: skip
+    parser.add_argument("--out", type=Path, default=Path("docs/offload.md"))
+    parser.add_argument("--work", type=Path, default=None, help="results.json goes here")
+    parser.add_argument("--report-only", action="store_true", help="re-write from --work")
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="offload-"))
+    work.mkdir(parents=True, exist_ok=True)
+    results = work / "results.json"
+    if not args.report_only:
+        study = run(args, work)
+        results.write_text(json.dumps(asdict(study), indent=1))
+    write_report(json.loads(results.read_text()), args.out)
+    print(f"wrote {args.out} (results: {results})")

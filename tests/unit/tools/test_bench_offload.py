@@ -1,0 +1,146 @@
+"""bench.offload's pieces: pinning processes to cores (real processes, read back from
+/proc), the report's ratios, and a stream's timing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from bench.harness.pinning import (
+    HEAD,
+    NODE_TYPE_VARIABLE,
+    allowed_cores,
+    by_group,
+    cores_text,
+    pin,
+    set_cores,
+)
+from bench.harness.timed_stream import TimedStream
+from bench.offload.report import ratio_rows
+from bench.offload.study import check_pinning
+
+# A process with a second thread, which forks a child when it reads a line.
+FORKER = """
+import subprocess, sys, threading, time
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+print("ready", flush=True)
+sys.stdin.readline()
+child = subprocess.Popen(["sleep", "60"])
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def forker() -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    try:
+        yield proc
+    finally:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            child.kill()
+        proc.kill()
+        proc.wait()
+
+
+def test_set_cores_moves_every_thread_and_what_the_process_starts_after(
+    forker: subprocess.Popen[str],
+) -> None:
+    one = min(os.sched_getaffinity(0))
+    assert len(list(Path(f"/proc/{forker.pid}/task").iterdir())) >= 2
+    set_cores(forker.pid, {one})
+    assert allowed_cores(forker.pid) == str(one)  # every thread: one list, not two
+    assert forker.stdin is not None and forker.stdout is not None
+    forker.stdin.write("go\n")
+    forker.stdin.flush()
+    child = int(forker.stdout.readline())
+    assert allowed_cores(child) == str(one)
+
+
+def test_allowed_cores_lists_threads_that_differ_apart(forker: subprocess.Popen[str]) -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("one core: no two affinities to tell apart")
+    tasks = sorted(int(t.name) for t in Path(f"/proc/{forker.pid}/task").iterdir())
+    os.sched_setaffinity(tasks[-1], {cores[0]})
+    assert " | " in allowed_cores(forker.pid)
+
+
+def test_by_group_gives_a_worker_raylet_and_its_descendants_its_node_group(
+    tmp_path: Path,
+) -> None:
+    raylet_binary = tmp_path / "raylet"  # the name the process table shows
+    shutil.copy("/bin/bash", raylet_binary)
+    env = {**os.environ, NODE_TYPE_VARIABLE: "engine"}
+    raylet = subprocess.Popen([str(raylet_binary), "-c", "sleep 60 & wait"], env=env)
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        node = psutil.Process(raylet.pid)
+        for _ in range(100):
+            if node.children():
+                break
+            psutil.wait_procs([], timeout=0.05)
+        (child,) = node.children()
+        processes = [node, child, psutil.Process(other.pid)]
+        assert by_group(processes) == {raylet.pid: "engine", child.pid: "engine", other.pid: HEAD}
+        one = min(os.sched_getaffinity(0))
+        pin(processes, {"engine": {one}, HEAD: os.sched_getaffinity(0)})
+        assert allowed_cores(child.pid) == str(one)
+        assert allowed_cores(other.pid) == cores_text(os.sched_getaffinity(0))
+    finally:
+        for proc in (raylet, other):
+            for child_ in psutil.Process(proc.pid).children(recursive=True):
+                child_.kill()
+            proc.kill()
+            proc.wait()
+
+
+def test_cores_text_is_the_kernels_list_form() -> None:
+    assert cores_text({0}) == "0"
+    assert cores_text({0, 1, 2, 5}) == "0-2,5"
+
+
+def test_check_pinning_fails_a_process_off_its_cores() -> None:
+    cores = {"engine": {0}, HEAD: {1}}
+    check_pinning([{"group": "engine", "cores": "0"}, {"group": HEAD, "cores": "1"}], cores)
+    with pytest.raises(RuntimeError, match="off their cores"):
+        check_pinning([{"group": "engine", "cores": "0-1"}], cores)
+
+
+def _round(streams: int, placement: str, tpot: float, wall_s: float) -> dict[str, Any]:
+    requests = [{"ttft_ms": 10.0, "tpot_ms": tpot, "tokens": 100, "ok": True}] * streams
+    return {"streams": streams, "placement": placement, "wall_s": wall_s,
+            "requests": requests, "cpu_s": {}}  # fmt: skip
+
+
+def test_ratio_rows_compare_s_with_i_pooled_and_round_by_round() -> None:
+    data = {
+        "rounds": [
+            _round(4, "inline", 20.0, 2.0),
+            _round(4, "tier", 10.0, 1.0),
+            _round(4, "tier", 15.0, 1.0),
+            _round(4, "inline", 20.0, 2.0),
+        ]
+    }
+    (row,) = ratio_rows(data)
+    # Pooled p50 12.5 ÷ 20; rounds 0.50 and 0.75; tokens/s 400 ÷ 200.
+    assert row == "| 4 | 0.62× | 0.50–0.75 | 2.00× | 1.00× |"
+
+
+def test_a_stream_times_tpot_from_its_first_text_to_its_last() -> None:
+    timed = TimedStream(started=0.0, first=0.1, last=2.6, tokens=101, ok=True)
+    assert timed.ttft_ms == pytest.approx(100.0)
+    assert timed.tpot_ms == pytest.approx(25.0)
+    assert TimedStream(0.0, 0.1, 2.6, 101, ok=False).tpot_ms is None
