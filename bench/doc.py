@@ -19,6 +19,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from bench.offload.report import ratio_table
 from bench.report import cpu_per_1k_table, load, load_table, markdown_table
 from bench.topology import CONFIGS
 from deployments.config.topologies import app_config
@@ -141,15 +142,50 @@ def host_text(spec: dict[str, Any]) -> str:
 
 
 def doc_command(
-    grid: Path, ramp: Path | None, crosscheck: Path | None, findings: Path | None, out: Path
+    grid: Path,
+    ramp: Path | None,
+    crosscheck: Path | None,
+    findings: Path | None,
+    out: Path,
+    offload: Path | None = None,
 ) -> str:
-    flags = {"--grid": grid, "--ramp": ramp, "--crosscheck": crosscheck, "--findings": findings}
+    flags = {
+        "--grid": grid,
+        "--ramp": ramp,
+        "--crosscheck": crosscheck,
+        "--findings": findings,
+        "--offload": offload,
+    }
     given = [f"{flag} {path}" for flag, path in flags.items() if path is not None]
     return " \\\n    ".join(["python -m bench.doc", *given, f"--out {out}"])
 
 
+def offload_section(results: Path, out: Path) -> str:
+    """``bench.offload``'s S ÷ I table, read from its results, with its page's link."""
+    data = json.loads((results / "results.json").read_text())
+    page = os.path.relpath(results.with_suffix(".md"), out.parent)
+    image = os.path.relpath(results.with_suffix(".png"), out.parent)
+    return "\n".join(
+        [
+            "The cells above share this host's 2 cores among every tier, so the tier's work "
+            "is never moved off the engine's CPU. `python -m bench.offload` runs one "
+            "deployment on a local cluster whose engine node has a core of its own "
+            "(*disjoint*), then with every process on both cores (*shared*), I and S per "
+            f"request on the same load; the page with every cell, the CPU behind it and "
+            f"where each process ran: [{page}]({page}).\n",
+            *ratio_table(data),
+            f"\n![TPOT and cores]({image})\n",
+        ]
+    )
+
+
 def write_doc(
-    grid: Path, ramp: Path | None, crosscheck: Path | None, findings: Path | None, out: Path
+    grid: Path,
+    ramp: Path | None,
+    crosscheck: Path | None,
+    findings: Path | None,
+    out: Path,
+    offload: Path | None = None,
 ) -> str:
     spec, cells, _ = load(grid)
     rel = os.path.relpath(grid, out.parent)
@@ -159,7 +195,7 @@ def write_doc(
         "Ray Serve graph, with two more columns: **S**, the stateful streamed derender tier, "
         "and **I**, the same stream derenderer inline in the Generate replica. Written by "
         "`python -m bench.doc` from the results directories; no number here is typed in:\n",
-        f"```\n{doc_command(grid, ramp, crosscheck, findings, out)}\n```\n",
+        f"```\n{doc_command(grid, ramp, crosscheck, findings, out, offload)}\n```\n",
         "## How it was run\n",
         f"Host: {host_text(spec)}; "
         + (
@@ -201,6 +237,9 @@ def write_doc(
     ]
     if findings is not None:
         parts += [findings.read_text()]
+    if offload is not None:
+        parts += ["## Where the tier wins: the engine on a core of its own\n",
+                  offload_section(offload, out)]  # fmt: skip
     if ramp is not None:
         parts += ["## Autoscaling ramp\n", ramp_section(ramp, os.path.relpath(ramp, out.parent))]
     if crosscheck is not None:
@@ -254,9 +293,11 @@ def main() -> None:
     cli.add_argument("--ramp", type=Path, default=None)
     cli.add_argument("--crosscheck", type=Path, default=None)
     cli.add_argument("--findings", type=Path, default=None, help="reading of the run (prose)")
+    cli.add_argument("--offload", type=Path, default=None,
+                     help="bench.offload's results folder (next to its page, NAME.md)")  # fmt: skip
     cli.add_argument("--out", type=Path, default=Path("docs/experiments.md"))
     args = cli.parse_args()
-    write_doc(args.grid, args.ramp, args.crosscheck, args.findings, args.out)
+    write_doc(args.grid, args.ramp, args.crosscheck, args.findings, args.out, args.offload)
 
 
 if __name__ == "__main__":

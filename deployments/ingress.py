@@ -102,6 +102,7 @@ class Ingress:
             max_body_bytes=crossing_body_cap(config.max_body_bytes),
             body_timeout_s=config.body_timeout_s,
             max_body_reads_without_key=config.max_body_reads_without_key,
+            slow_body_s=config.slow_body_s,
         )
         self._config = config
         self._control = control_plane

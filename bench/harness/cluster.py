@@ -339,10 +339,17 @@ class LocalCluster:
         """Every process of this cluster: those that name its temp dir, and their children
         (workers rename themselves, and vLLM's engine is a replica's child)."""
         marker = str(self.temp_dir)
+        # The head's Ray client server names the GCS's address, not the temp dir, and
+        # outlives the ``ray start`` that began it.
         roots = []
         for proc in psutil.process_iter(["cmdline"]):
             with contextlib.suppress(psutil.Error):
-                if any(marker in arg for arg in proc.info["cmdline"] or []):
+                cmdline = proc.info["cmdline"] or []
+                if any(marker in arg for arg in cmdline) or (
+                    "ray.util.client.server" in cmdline
+                    and any(arg.startswith("--address=") and arg.endswith(f":{self.gcs_port}")
+                            for arg in cmdline)
+                ):  # fmt: skip
                     roots.append(proc)
         seen = {p.pid: p for p in roots}
         for root in roots:

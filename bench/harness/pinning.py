@@ -25,6 +25,7 @@ import psutil
 # What the fake provider sets in each worker raylet's environment (its node group).
 NODE_TYPE_VARIABLE = "RAY_NODE_TYPE_NAME"
 HEAD = "head"
+TITLE_CHARS = 120  # a raylet's command line runs to kilobytes
 
 
 def set_cores(pid: int, cores: Iterable[int]) -> None:
@@ -114,6 +115,6 @@ def placement(processes: Iterable[psutil.Process]) -> list[Placed]:
     placed = []
     for proc in processes:
         with contextlib.suppress(psutil.Error, FileNotFoundError, ProcessLookupError):
-            title = " ".join(proc.cmdline()) or proc.name()
+            title = (" ".join(proc.cmdline()) or proc.name())[:TITLE_CHARS]
             placed.append(Placed(groups[proc.pid], proc.pid, title, allowed_cores(proc.pid)))
     return placed

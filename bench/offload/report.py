@@ -21,11 +21,17 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def _cells(data: dict[str, Any]) -> dict[int, dict[str, list[dict[str, Any]]]]:
-    cells: dict[int, dict[str, list[dict[str, Any]]]] = {}
+Cell = tuple[str, float, int]
+"""(layout, engine step ms, concurrent streams)."""
+LAYOUT_ORDER = {"disjoint": 0, "shared": 1}
+
+
+def _cells(data: dict[str, Any]) -> dict[Cell, dict[str, list[dict[str, Any]]]]:
+    cells: dict[Cell, dict[str, list[dict[str, Any]]]] = {}
     for r in data["rounds"]:
-        cells.setdefault(r["streams"], {}).setdefault(r["placement"], []).append(r)
-    return cells
+        cell = (r["layout"], r["pace_ms"], r["streams"])
+        cells.setdefault(cell, {}).setdefault(r["placement"], []).append(r)
+    return dict(sorted(cells.items(), key=lambda kv: (LAYOUT_ORDER.get(kv[0][0], 9), kv[0][1:])))
 
 
 def _tpots(rounds: list[dict[str, Any]]) -> list[float]:
@@ -83,7 +89,7 @@ def ratio_rows(data: dict[str, Any]) -> list[str]:
     """S ÷ I per cell: pooled TPOT p50, the range of the rounds' own ratios (each
     round of S against the round of I next to it), and tokens/s."""
     rows = []
-    for streams, by in sorted(_cells(data).items()):
+    for (layout, pace, streams), by in _cells(data).items():
         if set(by) != set(NAMES):
             continue
         i, s = cell_summary(by["inline"]), cell_summary(by["tier"])
@@ -94,22 +100,32 @@ def ratio_rows(data: dict[str, Any]) -> list[str]:
         ]
         spread = f"{min(pairs):.2f}–{max(pairs):.2f}" if pairs else "–"
         rows.append(
-            f"| {streams} | {s['tpot_p50'] / i['tpot_p50']:.2f}× | {spread} "
+            f"| {layout} | {pace:g} | {streams} | {s['tpot_p50'] / i['tpot_p50']:.2f}× | {spread} "
             f"| {s['tokens_per_s'] / i['tokens_per_s']:.2f}× "
             f"| {s['ttft_p50'] / i['ttft_p50']:.2f}× |"
         )
     return rows
 
 
+def ratio_table(data: dict[str, Any]) -> list[str]:
+    return [
+        "| cores | step ms | N streams | TPOT p50, S ÷ I | rounds' own ratios "
+        "| tokens/s, S ÷ I | TTFT p50, S ÷ I |",
+        "|---|---|---|---|---|---|---|",
+        *ratio_rows(data),
+    ]
+
+
 def cell_rows(data: dict[str, Any]) -> list[str]:
     rows = []
-    for streams, by in sorted(_cells(data).items()):
+    for (layout, pace, streams), by in _cells(data).items():
         for placement in ("inline", "tier"):
             if placement not in by:
                 continue
             c = cell_summary(by[placement])
             rows.append(
-                f"| {streams} | {NAMES[placement]} | {c['ok']} / {c['requests']} "
+                f"| {layout} | {pace:g} | {streams} | {NAMES[placement]} "
+                f"| {c['ok']} / {c['requests']} "
                 f"| {_fmt(c['ttft_p50'], 0)} | {_fmt(c['tpot_p50'])} | {_fmt(c['tpot_p95'])} "
                 f"| {c['tokens_per_s']:.0f} | {c['engine_cores']:.2f} | {c['text_cores']:.2f} "
                 f"| {c['engine_ms']:.2f} | {c['generate_ms']:.2f} | {c['engine_core_ms']:.2f} "
@@ -119,14 +135,24 @@ def cell_rows(data: dict[str, Any]) -> list[str]:
     return rows
 
 
-def pinning_rows(data: dict[str, Any]) -> list[str]:
-    counts = Counter((p["group"], p["cores"]) for p in data["pinning"])
+def failure_lines(data: dict[str, Any]) -> list[str]:
+    """Each cell's failed streams by what they got (none: no line)."""
+    lines = []
+    for (layout, pace, streams), by in _cells(data).items():
+        for placement, rounds in by.items():
+            errors = Counter(q.get("error") for r in rounds for q in r["requests"] if not q["ok"])
+            for error, n in errors.most_common():
+                lines.append(f"- {layout}, step {pace:g} ms, N {streams}, "
+                             f"{NAMES[placement]}: {n} × `{error}`")  # fmt: skip
+    return lines
+
+
+def pinning_rows(pinning: list[dict[str, Any]]) -> list[str]:
+    counts = Counter((p["group"], p["cores"]) for p in pinning)
     kinds: dict[tuple[str, str], set[str]] = {}
-    for p in data["pinning"]:
+    for p in pinning:
         title = p["title"]
         short = title.split()[0].rsplit("/", 1)[-1] if title else "?"
-        if "ServeReplica" in title:
-            short = title.split()[0]
         kinds.setdefault((p["group"], p["cores"]), set()).add(short[:48])
     return [
         f"| {group} | {cores} | {n} | {', '.join(sorted(kinds[(group, cores)])[:8])} |"
@@ -136,27 +162,31 @@ def pinning_rows(data: dict[str, Any]) -> list[str]:
 
 def plot(data: dict[str, Any], path: Path) -> None:
     cells = _cells(data)
-    ns = sorted(cells)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for placement, name in NAMES.items():
-        summaries = [cell_summary(cells[n][placement]) for n in ns]
-        p50s = [s["tpot_p50"] for s in summaries]
-        spans = [[x for x in s["round_p50s"] if x is not None] for s in summaries]
-        low = [p - min(xs) for p, xs in zip(p50s, spans, strict=True)]
-        high = [max(xs) - p for p, xs in zip(p50s, spans, strict=True)]
-        axes[0].errorbar(ns, p50s, yerr=[low, high], marker="o", capsize=3, label=name)
-        axes[1].plot(ns, [s["engine_cores"] for s in summaries], marker="o",
-                     label=f"{name}: engine node")  # fmt: skip
-        axes[1].plot(ns, [s["text_cores"] for s in summaries], marker="s", ls="--",
-                     label=f"{name}: CPU node, head, client")  # fmt: skip
+    lines = sorted({(layout, pace) for layout, pace, _ in cells},
+                   key=lambda lp: (LAYOUT_ORDER.get(lp[0], 9), lp[1]))  # fmt: skip
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for layout, pace in lines:
+        ns = sorted(n for lay, p, n in cells if (lay, p) == (layout, pace))
+        for placement, name in NAMES.items():
+            summaries = [cell_summary(cells[(layout, pace, n)][placement]) for n in ns]
+            p50s = [s["tpot_p50"] for s in summaries]
+            spans = [[x for x in s["round_p50s"] if x is not None] for s in summaries]
+            low = [p - min(xs) for p, xs in zip(p50s, spans, strict=True)]
+            high = [max(xs) - p for p, xs in zip(p50s, spans, strict=True)]
+            style = "-" if name == "S" else "--"
+            label = f"{name}, {layout} cores, step {pace:g} ms"
+            axes[0].errorbar(ns, p50s, yerr=[low, high], marker="o", capsize=3, ls=style,
+                             label=label)  # fmt: skip
+            axes[1].plot(ns, [s["text_cores"] for s in summaries], marker="s", ls=style,
+                         label=label)  # fmt: skip
     axes[0].set_xlabel("concurrent streams")
     axes[0].set_ylabel("TPOT p50 ms (bars: rounds' p50 range)")
     axes[0].set_ylim(bottom=0)
-    axes[0].legend()
+    axes[0].legend(fontsize=7)
     axes[1].set_xlabel("concurrent streams")
-    axes[1].set_ylabel("cores used")
-    axes[1].set_ylim(0, 1.1)
-    axes[1].legend(fontsize=8)
+    axes[1].set_ylabel("cores used off the engine node\n(CPU node, head, client)")
+    axes[1].set_ylim(bottom=0)
+    axes[1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -171,27 +201,30 @@ def write_report(data: dict[str, Any], out: Path) -> None:
     lines = [
         "# Where the derender tier wins: an engine host short of CPU",
         "",
-        f"`python -m bench.offload --streams {','.join(map(str, a['streams']))} "
-        f"--rounds {a['rounds']} --out {out}`",
+        f"`python -m bench.offload --pace-ms {','.join(f'{p:g}' for p in a['pace_ms'])} "
+        f"--streams {','.join(map(str, a['streams']))} --rounds {a['rounds']} --out {out}` "
+        f"(results in `{out.with_suffix('')}/`)",
         "",
         f"Host: {data['host']['machine']}, {data['host']['cpus']} CPUs. A local Ray cluster "
-        "shaped like `k8s/overlays/cpu`, one node per group, each node's processes on cores "
-        f"of their own: the engine node (Generate, vLLM's engine core and worker) on core "
-        f"{engine}; the CPU node (Ingress, Render, Derender), the head (Serve's controller, "
-        f"HAProxy) and the load's client on core {text}. Every engine step is held "
-        f"{a['pace_ms']:g} ms (a sleep, as a GPU step leaves the host's CPU free), so the "
-        "engine host's CPU is what limits decoding. One deployment, both placements per "
-        "request (`X-Text-Placement`): **I** makes text in the Generate replica, on the "
-        "engine's core; **S** in the Derender tier, on the other core. A cell is N streamed "
-        f"chats at once ({a['tokens']} tokens each, `ignore_eos`, reasoning at temperature 1 "
-        "with a tool offered: the qwen3 reasoning and hermes tool parsers on every token), "
-        f"I and S in turn, {a['rounds']} rounds each.",
+        "shaped like `k8s/overlays/cpu` (`bench/harness/cluster.py`), one node per group, "
+        "in two layouts (`bench/harness/pinning.py`). *disjoint*: the engine node's "
+        "processes (the Generate replica, vLLM's engine core and worker) on core "
+        f"{engine}; the CPU node's (Ingress, Render, Derender), the head's (Serve's "
+        f"controller, HAProxy) and the load's client on core {text}. *shared*: every "
+        "process on every core, as on one host. Every engine step is held the cell's "
+        "*step* (a sleep: a GPU's step leaves the host's CPU free) on top of the tiny "
+        "model's own work. One deployment serves both placements, chosen per request "
+        "(`X-Text-Placement`): **I** makes text in the Generate replica, next to the "
+        "engine; **S** in the Derender tier. A cell is N streamed chats at once "
+        f"({a['tokens']} tokens each, `ignore_eos`, reasoning at temperature 1 with a tool "
+        "offered: the qwen3 reasoning and hermes tool parsers on every token), I and S in "
+        f"turn, {a['rounds']} rounds each (the order swapped every round). TPOT is vLLM's "
+        "benchmark's: (end − first text) ÷ (tokens − 1), so text a parser holds back counts "
+        "when it arrives.",
         "",
         "## S against I",
         "",
-        "| N streams | TPOT p50, S ÷ I | rounds' own ratios | tokens/s, S ÷ I | TTFT p50, S ÷ I |",
-        "|---|---|---|---|---|",
-        *ratio_rows(data),
+        *ratio_table(data),
         "",
         f"![TPOT and cores]({image.name})",
         "",
@@ -199,25 +232,35 @@ def write_report(data: dict[str, Any], out: Path) -> None:
         "",
         "TTFT and TPOT (ms) over every stream of the cell's rounds; tokens/s: completed output "
         "tokens over the round's wall time, averaged over rounds. *Cores*: CPU seconds over "
-        "wall seconds, the engine node's processes (its core) and the rest (the CPU node, "
-        "the head and the client, on the other core). CPU ms per output token: the engine "
+        "wall seconds, the engine node's processes and the rest (the CPU node, the head and "
+        "the client): in *disjoint*, each on its own core. CPU ms per output token: the engine "
         "node in all, the Generate replica, vLLM's engine core (whose spin-wait fills "
         "whatever its core leaves idle), then Derender, Ingress, the head and the client.",
         "",
-        "| N | | ok | TTFT p50 | TPOT p50 | TPOT p95 | tokens/s | engine cores | other "
-        "cores | engine node ms/tok | Generate | EngineCore | Derender | Ingress | head "
-        "| client |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| cores | step ms | N | | ok | TTFT p50 | TPOT p50 | TPOT p95 | tokens/s "
+        "| engine cores | other cores | engine node ms/tok | Generate | EngineCore "
+        "| Derender | Ingress | head | client |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *cell_rows(data),
         "",
+        *(["Failed streams:", "", *failure_lines(data), ""] if failure_lines(data) else []),
         "## Where each process ran",
         "",
-        "Read back from `/proc/<pid>/status` (`Cpus_allowed_list`, every thread) after the "
-        "last round; the run fails if any process is off its group's cores.",
-        "",
-        "| node | cores | processes | e.g. |",
-        "|---|---|---|---|",
-        *pinning_rows(data),
+        "Read back from `/proc/<pid>/status` (`Cpus_allowed_list`, every thread) after each "
+        "layout's last round; the run fails if any process is off its group's cores.",
         "",
     ]
+    for layout, pinning in data["pinning"].items():
+        lines += [
+            f"*{layout}*:",
+            "",
+            "| node | cores | processes | e.g. |",
+            "|---|---|---|---|",
+            *pinning_rows(pinning),
+            "",
+        ]
+    # The reading of a run: words, no figures (every figure above is read from the results).
+    findings = out.with_suffix("") / "findings.md"
+    if findings.exists():
+        lines += [findings.read_text()]
     out.write_text("\n".join(lines))

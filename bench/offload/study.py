@@ -29,8 +29,8 @@ import json
 import os
 import platform
 import resource
-import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,7 @@ TOOLS = [
     }
 ]
 PLACEMENTS = ("inline", "tier")
+DERENDER_STREAMS = 256
 ENGINE_GROUP, TEXT_GROUP = "engine", "cpu-text"
 
 
@@ -95,11 +96,18 @@ def serve_config(rayservice: dict[str, Any], engine_cores: int) -> dict[str, Any
     args["generate"]["cpu_cores"] = engine_cores
     for tier in ("render", "derender"):
         args[tier] = {"num_cpus": args[tier]["num_cpus"], "num_replicas": 1}
+    # One Derender replica holds every stream of a cell, as one Generate replica does
+    # (its 256): at its default 64, S would queue what I runs, and decode fewer at once.
+    args["derender"]["max_ongoing_requests"] = DERENDER_STREAMS
     return config
 
 
 @dataclass
 class Round:
+    layout: str
+    """``disjoint``: the engine node on cores of its own; ``shared``: every process
+    on every core."""
+    pace_ms: float
     streams: int
     placement: str
     wall_s: float
@@ -116,7 +124,8 @@ class Study:
     host: dict[str, Any]
     args: dict[str, Any]
     rounds: list[Round] = field(default_factory=list)
-    pinning: list[dict[str, Any]] = field(default_factory=list)
+    pinning: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Per layout: every process and its cores, read back after the layout's rounds."""
 
 
 def kind_of(title: str) -> str:
@@ -182,46 +191,68 @@ async def one_round(
         return time.monotonic() - start, list(done)
 
 
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
 def measure(
-    cluster: LocalCluster, base_url: str, streams: int, placement_: str, args: argparse.Namespace
+    cluster: LocalCluster,
+    base_url: str,
+    cell: tuple[str, float, int],
+    placement_: str,
+    tokens: int,
 ) -> Round:
+    layout, pace_ms, streams = cell
     before, client_before = cpu_snapshot(cluster), client_cpu_s()
-    wall, done = asyncio.run(one_round(base_url, streams, placement_, args.tokens, args.pace_ms))
+    wall, done = asyncio.run(one_round(base_url, streams, placement_, tokens, pace_ms))
     cpu = cpu_between(before, cpu_snapshot(cluster))
     cpu["client"] = {"client": round(client_cpu_s() - client_before, 3)}
     requests = [
-        {"ttft_ms": s.ttft_ms, "tpot_ms": s.tpot_ms, "tokens": s.tokens, "ok": s.ok} for s in done
-    ]
-    return Round(streams, placement_, round(wall, 3), requests, cpu)
+        {"ttft_ms": _ms(s.ttft_ms), "tpot_ms": _ms(s.tpot_ms), "tokens": s.tokens, "ok": s.ok,
+         "error": s.error}
+        for s in done
+    ]  # fmt: skip
+    return Round(layout, pace_ms, streams, placement_, round(wall, 3), requests, cpu)
+
+
+def layout_cores(layout: str, engine: set[int], text: set[int]) -> dict[str, set[int]]:
+    if layout == "disjoint":
+        return {HEAD: text, TEXT_GROUP: text, ENGINE_GROUP: engine}
+    return {group: engine | text for group in (HEAD, TEXT_GROUP, ENGINE_GROUP)}
 
 
 def run(args: argparse.Namespace, work: Path) -> Study:
     engine, text = set(args.engine_cores), set(args.text_cores)
-    # This client runs with the head and the CPU node: the engine's cores are its own.
-    os.sched_setaffinity(0, text)
     set_client_env()
     rayservice = overlay("cpu")
     study = Study(
         host={"machine": platform.machine(), "cpus": psutil.cpu_count()},
-        args={k: v for k, v in vars(args).items() if k != "out"},
+        args={k: v for k, v in vars(args).items() if k not in ("out", "work", "report_only")},
     )
     with local_cluster(fixed_shape(rayservice), work) as cluster:
-        cores = {HEAD: text, TEXT_GROUP: text, ENGINE_GROUP: engine}
-        pin(cluster.processes(), cores)
+        # Pinned before the deploy: the replicas Ray starts on a node inherit its cores.
+        pin(cluster.processes(), layout_cores(args.layouts[0], engine, text))
         spec = {**rayservice["spec"], "serveConfigV2": yaml.safe_dump(
             serve_config(rayservice, len(engine)))}  # fmt: skip
         base_url = deploy_rayservice(cluster, {**rayservice, "spec": spec})
-        for placement_ in PLACEMENTS:  # warm both paths
-            asyncio.run(one_round(base_url, 4, placement_, 16, 0))
-        for streams in args.streams:
-            for round_ in range(args.rounds):
-                order = PLACEMENTS if round_ % 2 == 0 else PLACEMENTS[::-1]
-                for placement_ in order:
-                    measured = measure(cluster, base_url, streams, placement_, args)
-                    study.rounds.append(measured)
-                    print(summary(measured), flush=True)
-        study.pinning = [asdict(p) for p in placement(cluster.processes())]
-    check_pinning(study.pinning, cores)
+        for layout in args.layouts:
+            cores = layout_cores(layout, engine, text)
+            pin(cluster.processes(), cores)
+            # This client runs where the head does: never on the engine's own cores.
+            os.sched_setaffinity(0, cores[HEAD])
+            for placement_ in PLACEMENTS:  # warm both paths
+                asyncio.run(one_round(base_url, 4, placement_, 16, 0))
+            for pace in args.pace_ms:
+                for streams in args.streams:
+                    for round_ in range(args.rounds):
+                        order = PLACEMENTS if round_ % 2 == 0 else PLACEMENTS[::-1]
+                        for placement_ in order:
+                            cell = (layout, pace, streams)
+                            measured = measure(cluster, base_url, cell, placement_, args.tokens)
+                            study.rounds.append(measured)
+                            print(summary(measured), flush=True)
+            study.pinning[layout] = [asdict(p) for p in placement(cluster.processes())]
+            check_pinning(study.pinning[layout], cores)
     return study
 
 
@@ -234,12 +265,14 @@ def check_pinning(pinning: list[dict[str, Any]], cores: dict[str, set[int]]) -> 
 
 def summary(r: Round) -> str:
     ok = [q for q in r.requests if q["ok"]]
+    errors = Counter(q["error"] for q in r.requests if not q["ok"])
     tpots = sorted(q["tpot_ms"] for q in ok if q["tpot_ms"] is not None)
     p50 = tpots[len(tpots) // 2] if tpots else float("nan")
     cores = {g: round(sum(k.values()) / r.wall_s, 2) for g, k in r.cpu_s.items()}
     return (
-        f"N={r.streams} {r.placement}: {len(ok)}/{len(r.requests)} ok, TPOT p50 {p50:.1f} ms, "
-        f"wall {r.wall_s:.1f} s, cores {cores}"
+        f"{r.layout}, step {r.pace_ms:g} ms, N={r.streams} {r.placement}: "
+        f"{len(ok)}/{len(r.requests)} ok, TPOT p50 {p50:.1f} ms, wall {r.wall_s:.1f} s, "
+        f"cores {cores}" + (f", errors {dict(errors)}" if errors else "")
     )
 
 
@@ -250,21 +283,26 @@ def main() -> None:
     parser.add_argument("--streams", type=lambda s: [int(x) for x in s.split(",")],
                         default=[4, 16, 48])  # fmt: skip
     parser.add_argument("--tokens", type=int, default=256, help="output tokens per stream")
-    parser.add_argument("--pace-ms", type=float, default=15, help="engine step (ms)")
+    parser.add_argument("--pace-ms", type=lambda s: [float(x) for x in s.split(",")],
+                        default=[15.0], help="engine steps (ms)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3, help="rounds of I and S per cell")
+    parser.add_argument("--layouts", type=lambda s: s.split(","), default=["disjoint", "shared"],
+                        help="disjoint: the engine on cores of its own; shared: all on all",
+                        )  # fmt: skip
     parser.add_argument("--engine-cores", type=lambda s: [int(x) for x in s.split(",")],
                         default=[0])  # fmt: skip
     parser.add_argument("--text-cores", type=lambda s: [int(x) for x in s.split(",")],
                         default=[1])  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("docs/offload.md"))
-    parser.add_argument("--work", type=Path, default=None, help="results.json goes here")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="results.json here (default: --out less .md)")  # fmt: skip
     parser.add_argument("--report-only", action="store_true", help="re-write from --work")
     args = parser.parse_args()
-    work = args.work or Path(tempfile.mkdtemp(prefix="offload-"))
+    work = args.work or args.out.with_suffix("")
     work.mkdir(parents=True, exist_ok=True)
     results = work / "results.json"
     if not args.report_only:
         study = run(args, work)
-        results.write_text(json.dumps(asdict(study), indent=1))
+        results.write_text(json.dumps(asdict(study), separators=(",", ":")))
     write_report(json.loads(results.read_text()), args.out)
     print(f"wrote {args.out} (results: {results})")

@@ -149,9 +149,8 @@ async def one_stream(http: httpx.AsyncClient, base_url: str, phase: Phase, start
     body = long_chat(PROMPT, phase.tokens, phase.pace_ms or None)
     timed = await timed_chat(http, f"{base_url}/v1/chat/completions", body)
     ended = round(time.monotonic() - start, 2)
-    return Request(
-        phase.name, round(timed.started - start, 2), timed.tpot_ms, timed.tokens, timed.ok, ended
-    )
+    started = round(timed.started - start, 2)
+    return Request(phase.name, started, timed.text_tpot_ms, timed.tokens, timed.ok, ended)
 
 
 async def run_phases(base_url: str, run: Run, sampler: Sampler, start: float) -> None:

@@ -293,9 +293,15 @@ class GraphConfig(_Strict):
     max_body_reads_without_key: int = Field(
         64,
         ge=1,
-        description="Per Ingress replica, request bodies read at once from clients without "
-        "the API key (every client, if no key is set); more get 503 at once. Bounds the "
-        "Ingress slots that slow clients can hold.",
+        description="Per Ingress replica, slow request bodies (still coming after "
+        "slow_body_s) read at once from clients without the API key (every client, if no "
+        "key is set); more get 503. Bounds the Ingress slots that slow clients can hold.",
+    )
+    slow_body_s: float = Field(
+        0.5,
+        gt=0,
+        description="A keyless body not fully in after this long counts against "
+        "max_body_reads_without_key; one in sooner never does, however many come at once.",
     )
     expose_replica_pid: bool = Field(
         False,

@@ -9,9 +9,11 @@ Serve's proxy hands a request to the Ingress as soon as its headers are in,
 and the body follows at the client's pace; each such request holds one of the
 replica's ``max_ongoing_requests``. So the guard reads every body itself:
 within ``body_timeout_s`` (else 408), and, for requests without the API key,
-only so many at once (else 503). A thousand clients that never finish their
-bodies then hold a few dozen slots, not all of them, and keyed traffic and
-``/health`` keep being served.
+only so many slow ones at once (else 503): a body still coming after
+``slow_body_s``. A thousand clients that never finish their bodies then hold a
+few dozen slots, not all of them, and keyed traffic and ``/health`` keep being
+served; a burst of clients whose bodies are all in, which a replica short of
+CPU reads slowly, is served, not refused.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from http import HTTPStatus
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -42,7 +46,10 @@ class GuardSettings:
     body_timeout_s: float = 30.0
     """A body not fully sent within this long gets 408."""
     max_body_reads_without_key: int = 64
-    """Bodies read at once from requests without the key (all, if none is set); more: 503."""
+    """Slow bodies (still coming after ``slow_body_s``) read at once from requests without
+    the key (all, if none is set); more: 503."""
+    slow_body_s: float = 0.5
+    """A body not in after this long is a slow one."""
 
 
 # Methods whose requests carry no body worth reading (a GET's is ignored).
@@ -79,7 +86,7 @@ class Guard:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self._reads_without_key = 0
+        self._slow_reads_without_key = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         settings: GuardSettings | None = None
@@ -106,23 +113,65 @@ class Guard:
         keyed = settings.api_key is not None and key_matches(
             request.headers.get("authorization"), settings.api_key
         )
-        if not keyed and self._reads_without_key >= settings.max_body_reads_without_key:
-            return None, _busy()
-        if not keyed:
-            self._reads_without_key += 1
+        read = _read_body(receive, settings.max_body_bytes)
         try:
             async with asyncio.timeout(settings.body_timeout_s):
-                body = await _read_body(receive, settings.max_body_bytes)
+                body = await (read if keyed else self._read_without_key(read, settings))
         except TimeoutError:
             return None, _body_timeout(settings)
         except ClientDisconnect:  # gone before its body was in: nothing to serve
             return None, Response(status_code=CLIENT_CLOSED_REQUEST)
-        finally:
-            if not keyed:
-                self._reads_without_key -= 1
+        except _TooManySlowBodies:
+            return None, _busy()
         if body is None:
             return None, _too_large(f"more than {settings.max_body_bytes}", settings)
         return body, None
+
+    async def _read_without_key(
+        self, read: Coroutine[Any, Any, bytes | None], settings: GuardSettings
+    ) -> bytes | None:
+        """A keyless body. Only one still coming after ``slow_body_s`` holds one of the
+        few slow reads: a burst of clients whose bodies are in, which a replica short of
+        CPU gets to late, is read, not refused. A timer, not a task per read: a body that
+        is in costs one timer set and cancelled."""
+        task = asyncio.current_task()
+        assert task is not None
+        slow = _SlowBody()
+        grace = asyncio.get_running_loop().call_later(
+            settings.slow_body_s, self._on_slow, task, slow, settings
+        )
+        try:
+            return await read
+        except asyncio.CancelledError:
+            # Refused: the read is dropped with its request (a 503), so cutting it short
+            # is safe. Another cancellation as well (the body deadline, shutdown) wins.
+            if slow.refused and task.uncancel() == 0:
+                raise _TooManySlowBodies from None
+            raise
+        finally:
+            grace.cancel()
+            if slow.counted:
+                self._slow_reads_without_key -= 1
+
+    def _on_slow(self, task: asyncio.Task[Any], slow: _SlowBody, settings: GuardSettings) -> None:
+        """Its grace is over and the body is still coming: it takes a slow read, or is
+        refused when they are all taken."""
+        if self._slow_reads_without_key >= settings.max_body_reads_without_key:
+            slow.refused = True
+            task.cancel()
+        else:
+            self._slow_reads_without_key += 1
+            slow.counted = True
+
+
+@dataclass
+class _SlowBody:
+    counted: bool = False
+    refused: bool = False
+
+
+class _TooManySlowBodies(Exception):
+    """Raised where a refused read is cut short; answered with 503."""
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:

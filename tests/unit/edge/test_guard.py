@@ -183,8 +183,9 @@ def test_a_body_not_sent_in_time_is_408() -> None:
 
 
 def test_slow_clients_without_the_key_hold_few_reads_and_keyed_ones_still_pass() -> None:
-    """Past the cap, a keyless request is refused at once; a keyed one is read and served."""
-    app = slow_app(body_timeout_s=30, max_body_reads_without_key=3)
+    """Past the cap of slow keyless bodies, another slow one is refused once its grace is
+    over; a keyless body that is in, and a keyed one, are read and served."""
+    app = slow_app(body_timeout_s=30, max_body_reads_without_key=3, slow_body_s=0.05)
 
     async def run() -> list[int]:
         slow = [
@@ -193,8 +194,9 @@ def test_slow_clients_without_the_key_hold_few_reads_and_keyed_ones_still_pass()
             )
             for _ in range(3)
         ]
-        await asyncio.sleep(0.05)  # the three hold every keyless read
-        refused, _ = await _call(app, "/tokenize", {"content-length": "2"}, _whole(b"{}"))
+        await asyncio.sleep(0.2)  # past their grace: the three hold every slow read
+        refused, _ = await _call(app, "/tokenize", {"content-length": "64"}, _never_finishing())
+        whole, _ = await _call(app, "/tokenize", {"content-length": "2"}, _whole(b"{}"))
         keyed, _ = await _call(
             app, "/tokenize", {"content-length": "2", "authorization": "Bearer k"}, _whole(b"{}")
         )
@@ -203,9 +205,28 @@ def test_slow_clients_without_the_key_hold_few_reads_and_keyed_ones_still_pass()
         await asyncio.gather(*slow, return_exceptions=True)
         # Cancelled readers give their reads back.
         again, _ = await _call(app, "/tokenize", {"content-length": "2"}, _whole(b"{}"))
-        return [refused, keyed, again]
+        return [refused, whole, keyed, again]
 
-    assert asyncio.run(run()) == [503, 200, 200]
+    assert asyncio.run(run()) == [503, 200, 200, 200]
+
+
+def test_a_burst_of_keyless_bodies_that_are_in_is_served_however_many() -> None:
+    """A hundred keyless requests at once, each body in but late to be read (a replica
+    short of CPU), are all served: none is slow, so none counts against the cap of 3."""
+    app = slow_app(max_body_reads_without_key=3, slow_body_s=0.5)
+
+    def late(body: bytes) -> Any:
+        async def receive() -> dict[str, Any]:
+            await asyncio.sleep(0.01)
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        return receive
+
+    async def run() -> list[int]:
+        calls = [_call(app, "/tokenize", {"content-length": "2"}, late(b"{}")) for _ in range(100)]
+        return [status for status, _ in await asyncio.gather(*calls)]
+
+    assert asyncio.run(run()) == [200] * 100
 
 
 def test_a_client_gone_before_its_body_reaches_no_route() -> None:

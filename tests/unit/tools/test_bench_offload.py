@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -121,8 +122,8 @@ def test_check_pinning_fails_a_process_off_its_cores() -> None:
 
 def _round(streams: int, placement: str, tpot: float, wall_s: float) -> dict[str, Any]:
     requests = [{"ttft_ms": 10.0, "tpot_ms": tpot, "tokens": 100, "ok": True}] * streams
-    return {"streams": streams, "placement": placement, "wall_s": wall_s,
-            "requests": requests, "cpu_s": {}}  # fmt: skip
+    return {"layout": "disjoint", "pace_ms": 15.0, "streams": streams, "placement": placement,
+            "wall_s": wall_s, "requests": requests, "cpu_s": {}}  # fmt: skip
 
 
 def test_ratio_rows_compare_s_with_i_pooled_and_round_by_round() -> None:
@@ -136,11 +137,26 @@ def test_ratio_rows_compare_s_with_i_pooled_and_round_by_round() -> None:
     }
     (row,) = ratio_rows(data)
     # Pooled p50 12.5 ÷ 20; rounds 0.50 and 0.75; tokens/s 400 ÷ 200.
-    assert row == "| 4 | 0.62× | 0.50–0.75 | 2.00× | 1.00× |"
+    assert row == "| disjoint | 15 | 4 | 0.62× | 0.50–0.75 | 2.00× | 1.00× |"
 
 
-def test_a_stream_times_tpot_from_its_first_text_to_its_last() -> None:
-    timed = TimedStream(started=0.0, first=0.1, last=2.6, tokens=101, ok=True)
+def test_a_stream_times_tpot_from_its_first_text_to_its_end() -> None:
+    # Text stopped at 0.6 s (a parser held the rest back); the stream ended at 2.6 s.
+    timed = TimedStream(started=0.0, first=0.1, last=0.6, ended=2.6, tokens=101, ok=True)
     assert timed.ttft_ms == pytest.approx(100.0)
     assert timed.tpot_ms == pytest.approx(25.0)
-    assert TimedStream(0.0, 0.1, 2.6, 101, ok=False).tpot_ms is None
+    assert timed.text_tpot_ms == pytest.approx(5.0)
+    assert TimedStream(0.0, 0.1, 2.6, 2.6, 101, ok=False).tpot_ms is None
+
+
+def test_experiments_md_carries_the_offload_table_read_from_its_results(tmp_path: Path) -> None:
+    from bench.doc import offload_section
+
+    results = tmp_path / "docs" / "offload"
+    results.mkdir(parents=True)
+    rounds = [_round(4, "inline", 20.0, 2.0), _round(4, "tier", 10.0, 1.0)]
+    (results / "results.json").write_text(json.dumps({"rounds": rounds}))
+    section = offload_section(results, tmp_path / "docs" / "experiments.md")
+    assert "| disjoint | 15 | 4 | 0.50× | 0.50–0.50 | 2.00× | 1.00× |" in section
+    assert "[offload.md](offload.md)" in section
+    assert "![TPOT and cores](offload.png)" in section
