@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -141,22 +142,19 @@ def host_text(spec: dict[str, Any]) -> str:
     return f"{host['machine']}, {host['cpus']} CPUs, {host['system']}{recorded}"
 
 
-def doc_command(
-    grid: Path,
-    ramp: Path | None,
-    crosscheck: Path | None,
-    findings: Path | None,
-    out: Path,
-    offload: Path | None = None,
-) -> str:
-    flags = {
-        "--grid": grid,
-        "--ramp": ramp,
-        "--crosscheck": crosscheck,
-        "--findings": findings,
-        "--offload": offload,
-    }
-    given = [f"{flag} {path}" for flag, path in flags.items() if path is not None]
+@dataclass(frozen=True)
+class Sources:
+    """The results folders (and the prose) a page is written from."""
+
+    grid: Path
+    ramp: Path | None = None
+    crosscheck: Path | None = None
+    findings: Path | None = None
+    offload: Path | None = None
+
+
+def doc_command(sources: Sources, out: Path) -> str:
+    given = [f"--{name} {path}" for name, path in vars(sources).items() if path is not None]
     return " \\\n    ".join(["python -m bench.doc", *given, f"--out {out}"])
 
 
@@ -179,14 +177,9 @@ def offload_section(results: Path, out: Path) -> str:
     )
 
 
-def write_doc(
-    grid: Path,
-    ramp: Path | None,
-    crosscheck: Path | None,
-    findings: Path | None,
-    out: Path,
-    offload: Path | None = None,
-) -> str:
+def write_doc(sources: Sources, out: Path) -> str:
+    grid, ramp, crosscheck = sources.grid, sources.ramp, sources.crosscheck
+    findings, offload = sources.findings, sources.offload
     spec, cells, _ = load(grid)
     rel = os.path.relpath(grid, out.parent)
     parts = [
@@ -195,7 +188,7 @@ def write_doc(
         "Ray Serve graph, with two more columns: **S**, the stateful streamed derender tier, "
         "and **I**, the same stream derenderer inline in the Generate replica. Written by "
         "`python -m bench.doc` from the results directories; no number here is typed in:\n",
-        f"```\n{doc_command(grid, ramp, crosscheck, findings, out, offload)}\n```\n",
+        f"```\n{doc_command(sources, out)}\n```\n",
         "## How it was run\n",
         f"Host: {host_text(spec)}; "
         + (
@@ -297,7 +290,8 @@ def main() -> None:
                      help="bench.offload's results folder (next to its page, NAME.md)")  # fmt: skip
     cli.add_argument("--out", type=Path, default=Path("docs/experiments.md"))
     args = cli.parse_args()
-    write_doc(args.grid, args.ramp, args.crosscheck, args.findings, args.out, args.offload)
+    sources = Sources(args.grid, args.ramp, args.crosscheck, args.findings, args.offload)
+    write_doc(sources, args.out)
 
 
 if __name__ == "__main__":

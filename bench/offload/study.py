@@ -29,6 +29,7 @@ import json
 import os
 import platform
 import resource
+import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
@@ -229,7 +230,10 @@ def run(args: argparse.Namespace, work: Path) -> Study:
         host={"machine": platform.machine(), "cpus": psutil.cpu_count()},
         args={k: v for k, v in vars(args).items() if k not in ("out", "work", "report_only")},
     )
-    with local_cluster(fixed_shape(rayservice), work) as cluster:
+    # The cluster's own log goes beside Ray's, not into the results folder.
+    logs = Path(tempfile.mkdtemp(prefix="offload-"))
+    print(f"cluster log: {logs / 'cluster.log'}", flush=True)
+    with local_cluster(fixed_shape(rayservice), logs) as cluster:
         # Pinned before the deploy: the replicas Ray starts on a node inherit its cores.
         pin(cluster.processes(), layout_cores(args.layouts[0], engine, text))
         spec = {**rayservice["spec"], "serveConfigV2": yaml.safe_dump(
