@@ -51,6 +51,8 @@ from bench.harness.kustomize import overlay
 from bench.harness.pinning import HEAD, by_group, cores_text, pin, placement
 from bench.harness.servers import long_chat
 from bench.harness.timed_stream import TimedStream, timed_chat
+from bench.observe import REPLICA_TITLE
+from bench.stats import percentile
 
 PACED = "bench.harness.paced_decode:PacedDecode"
 PROMPT = "think: what is 2 plus 3?"
@@ -130,9 +132,9 @@ class Study:
 
 
 def kind_of(title: str) -> str:
-    for deployment in ("Generate", "Derender", "Ingress", "Render", "AbortFanout"):
-        if f"ServeReplica:default:{deployment}" in title:
-            return deployment
+    replica = REPLICA_TITLE.search(title)  # Serve's replica titles, as bench.observe reads them
+    if replica:
+        return replica["deployment"]
     for marker, kind in (
         ("EngineCore", "EngineCore"),
         ("VLLM::Worker", "vLLM worker"),
@@ -270,8 +272,7 @@ def check_pinning(pinning: list[dict[str, Any]], cores: dict[str, set[int]]) -> 
 def summary(r: Round) -> str:
     ok = [q for q in r.requests if q["ok"]]
     errors = Counter(q["error"] for q in r.requests if not q["ok"])
-    tpots = sorted(q["tpot_ms"] for q in ok if q["tpot_ms"] is not None)
-    p50 = tpots[len(tpots) // 2] if tpots else float("nan")
+    p50 = percentile([q["tpot_ms"] for q in ok if q["tpot_ms"] is not None], 50) or float("nan")
     cores = {g: round(sum(k.values()) / r.wall_s, 2) for g, k in r.cpu_s.items()}
     return (
         f"{r.layout}, step {r.pace_ms:g} ms, N={r.streams} {r.placement}: "
