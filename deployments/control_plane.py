@@ -29,7 +29,7 @@ from typing import Any
 from ray.exceptions import RayActorError
 
 from deployments.config.serve_env import missing_switches, switches_warning
-from deployments.messages.control import CommandKind, ControlCommand, EngineState, Tier
+from deployments.messages.control import CommandKind, ControlCommand, EngineState, HostLoad, Tier
 from deployments.transport.serve_internals import ping_actor
 
 logger = logging.getLogger("ray.serve")
@@ -106,6 +106,14 @@ class ControlPlane:
         """Every Generate replica's engine state (``/metrics``)."""
         states = await self._ask("generate", "engine_state", [])
         return [s for s in states if isinstance(s, EngineState)]
+
+    async def host_loads(self) -> list[HostLoad]:
+        """Every Generate and Derender replica's host load (``text_placement: auto``);
+        a replica with no window yet gives none."""
+        loads = await asyncio.gather(
+            self._ask("generate", "host_load", []), self._ask("derender", "host_load", [])
+        )
+        return [load for tier in loads for load in tier if isinstance(load, HostLoad)]
 
     async def subscribed(self) -> dict[str, int]:
         """Live replicas subscribed per tier (``/health``); dead ones are dropped here."""

@@ -52,7 +52,7 @@ from deployments.edge.bodies import json_of
 from deployments.edge.errors import Refusal, bad_request, no_live_replica
 from deployments.edge.replies import answers_ingress, ingress_items
 from deployments.edge.validation import named_by_header, validate
-from deployments.messages.control import ControlCommand
+from deployments.messages.control import ControlCommand, HostLoad
 from deployments.messages.replies import RenderedText, served_by
 from deployments.messages.tier import (
     DerenderChoice,
@@ -67,6 +67,7 @@ from deployments.messages.tier import (
 from deployments.render import build_render_state
 from deployments.routing.pinned_router import avoiding
 from deployments.scaling.cpu_load import CpuLoad
+from deployments.scaling.host_load import HostSampler
 from deployments.text.output import ChunkEvent, TextOutput, openai_event, tokens_request
 from deployments.text.sse import sse_event
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
@@ -102,6 +103,7 @@ class Derender(ChannelSource):
         self._watch = asyncio.create_task(self._watch_leaving())
         # Request ids of the stateful streams this replica holds right now.
         self._streams: dict[str, int] = {}
+        self._host = HostSampler("derender", replica)  # for text_placement: auto
         self._control = ControlChannel(control, "derender", replica, self._on_control)
         await self._control.start(timeout_s=CONTROL_SUBSCRIBE_TIMEOUT_S)
 
@@ -224,7 +226,9 @@ class Derender(ChannelSource):
         (``scaling/cpu_load.py``)."""
         return self._load.report()
 
-    async def _on_control(self, command: ControlCommand) -> int | None:
+    async def _on_control(self, command: ControlCommand) -> int | HostLoad | None:
+        if command.kind == "host_load":
+            return self._host.reading()
         return self._holds(command.request_ids) if command.kind == "abort" else None
 
     def _holds(self, request_ids: list[str]) -> int:

@@ -39,7 +39,7 @@ from deployments.edge.errors import bad_request
 from deployments.edge.json_body import allow_deep_values
 from deployments.edge.replies import ingress_items
 from deployments.edge.validation import named_by_header, validate
-from deployments.messages.control import ControlCommand, EngineState
+from deployments.messages.control import ControlCommand, EngineState, HostLoad
 from deployments.messages.replies import RenderedText, served_by
 from deployments.messages.text_steps import TextResume
 from deployments.messages.tier import text_call_key
@@ -50,6 +50,7 @@ from deployments.routing.engine_blocks import (
     EventSubscriber,
     events_endpoint,
 )
+from deployments.scaling.host_load import HostSampler
 from deployments.text.inline_text import InlineText, inline_call_movable
 from deployments.text.output import TextOutput
 from deployments.transport.coalesce import coalesced
@@ -142,6 +143,7 @@ class Generate(ChannelSource):
         self._leave_watch = LeaveWatch(self._outboxes)
         # Aborts and /metrics reach this replica even when its streams fill every slot.
         # The channel runs on this loop, the engine's, so its aborts need no hop.
+        self._host = HostSampler("generate", self._replica)  # for text_placement: auto
         self._control = ControlChannel(control, "generate", self._replica, self._on_control)
         await self._control.start(timeout_s=CONTROL_SUBSCRIBE_TIMEOUT_S)
         self._watchdog = asyncio.create_task(self._watch())
@@ -323,13 +325,15 @@ class Generate(ChannelSource):
         finally:
             await self._close(call, None)
 
-    async def _on_control(self, command: ControlCommand) -> int | EngineState | None:
+    async def _on_control(self, command: ControlCommand) -> int | EngineState | HostLoad | None:
         if command.kind == "abort":
             return await self._abort(command.request_ids)
         if command.kind == "engine_state":
             return self._engine_state()
         if command.kind == "abort_calls":
             return self._abort_calls(command.request_ids)
+        if command.kind == "host_load":
+            return self._host.reading()
         return None
 
     def _abort_calls(self, keys: list[str]) -> int:

@@ -38,6 +38,7 @@ from deployments.edge.errors import (
 )
 from deployments.edge.guard import GuardSettings, crossing_body_cap, install_guard
 from deployments.edge.json_body import allow_deep_values
+from deployments.edge.placement import AUTO_REASON_HEADER, PLACEMENT_HEADER, requested_placement
 from deployments.edge.shared_call import SharedCall
 from deployments.edge.tier_calls import (
     anthropic_stream_error,
@@ -46,9 +47,11 @@ from deployments.edge.tier_calls import (
     respond,
     responses_stream_error,
 )
+from deployments.messages.control import HostLoad
 from deployments.messages.replies import RenderedText, Reply
 from deployments.messages.text_steps import TextResume
 from deployments.routing.pinned_router import avoiding
+from deployments.routing.text_placement import AutoPlacement, PlacementReader
 from deployments.transport.migrating_call import MigratingCall
 from deployments.transport.migration import DeliveredText
 from deployments.transport.step_channel import ChannelStream, StepChannels
@@ -59,7 +62,6 @@ HEALTH_TIMEOUT_S = 5.0
 # The open /health and /metrics: requests that arrive while one fan-out is in
 # flight share it; none is reused after (a read right after an abort must see it).
 OPEN_ROUTE_TTL_S = 0.0
-PLACEMENT_HEADER = "X-Text-Placement"
 REQUEST_ID_HEADER = "X-Request-Id"
 
 app = FastAPI(title="scaleout-serve")
@@ -116,6 +118,8 @@ class Ingress:
         self._vllm_version: str | None = None
         self._health: SharedCall[Response] = SharedCall(OPEN_ROUTE_TTL_S)
         self._metrics: SharedCall[Response] = SharedCall(OPEN_ROUTE_TTL_S)
+        self._auto = AutoPlacement(config.auto_placement, tokens_only=config.tokens_only)
+        self._auto_reader = PlacementReader(self._auto, self._host_loads, config.auto_placement)
         # Abort calls in flight after a tier failed (held so they are not collected).
         self._cleanups: set[asyncio.Task[Any]] = set()
 
@@ -321,22 +325,10 @@ class Ingress:
         return await self._text(await call(render, self._render), placement)
 
     def _placement(self, raw: Request) -> str:
-        placement = raw.headers.get(PLACEMENT_HEADER, self._config.text_placement).lower()
-        if placement not in ("inline", "tier"):
-            raise Refusal(
-                bad_request(
-                    f"{PLACEMENT_HEADER} must be 'inline' or 'tier', got {placement!r}",
-                    param=PLACEMENT_HEADER,
-                )
-            )
-        if placement == "inline" and self._config.tokens_only:
-            raise Refusal(
-                bad_request(
-                    "inline text needs a tokenizer on Generate, but this graph runs tokens_only",
-                    param=PLACEMENT_HEADER,
-                )
-            )
-        return placement
+        return requested_placement(raw.headers.get(PLACEMENT_HEADER), self._config)
+
+    async def _host_loads(self) -> list[HostLoad]:
+        return await call(self._control.host_loads.remote(), self._control)
 
     async def _text(
         self,
@@ -344,7 +336,11 @@ class Ingress:
         placement: str,
         stream_error: Callable[[Reply], list[str]] = openai_stream_error,
     ) -> Response:
-        headers = {PLACEMENT_HEADER: placement}
+        headers = {}
+        if placement == "auto":
+            self._auto_reader.touch()
+            placement, headers[AUTO_REASON_HEADER] = self._auto.choose(rendered)
+        headers[PLACEMENT_HEADER] = placement
         if placement == "inline":
 
             def text(request: tuple[RenderedText, TextResume | None], avoid: Avoid) -> Any:

@@ -85,6 +85,10 @@ class Render:
 
     async def __init__(self, config: GraphConfig) -> None:  # type: ignore[misc]
         self._config = config
+        self._parsers = {
+            "reasoning_parser": config.reasoning_parser is not None,
+            "tool_parser": config.tool_call_parser is not None,
+        }
         self._load = CpuLoad()
         self._state = await build_render_state(config)
         self._messages = MessagesConversion(self._state.serving_render.online_renderer)
@@ -114,7 +118,7 @@ class Render:
             chat_request=request,
             model_name=request.model or self._config.model_name,
         )
-        return job.rendered()
+        return job.rendered(**self._parsers)
 
     @answers_ingress
     async def completion_text(self, body: bytes, header_id: str | None) -> RenderedText:
@@ -130,7 +134,7 @@ class Render:
             # vLLM's ids for a batch: ``cmpl-<id>-<i>`` per prompt, ``cmpl-<id>`` the answer's.
             response_id=f"cmpl-{request.request_id}" if len(rendered) > 1 else None,
         )
-        return job.rendered()
+        return job.rendered(**self._parsers)
 
     async def _messages_chat(
         self,
@@ -158,7 +162,7 @@ class Render:
             model_name=request.model or self._config.model_name,
             api="anthropic",
         )
-        return job.rendered()
+        return job.rendered(**self._parsers)
 
     @answers_ingress
     async def count_message_tokens(self, body: bytes) -> dict[str, Any]:
@@ -193,7 +197,7 @@ class Render:
             model_name=self._config.model_name,
             api="responses",
         )
-        return job.rendered()
+        return job.rendered(**self._parsers)
 
     @answers_ingress
     async def unknown_response(self, response_id: str) -> dict[str, Any]:

@@ -14,13 +14,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from deployments.config.placement import AutoPlacementConfig
+
 if TYPE_CHECKING:
     from ray.serve.deployment import Deployment
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY_MODEL = REPO_ROOT / "models" / "tiny-chat"
 
-TextPlacement = Literal["inline", "tier"]
+TextPlacement = Literal["inline", "tier", "auto"]
 
 
 class _Strict(BaseModel):
@@ -280,9 +282,11 @@ class GraphConfig(_Strict):
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM --tensor-parallel-size.")
     text_placement: TextPlacement = Field(
         "inline",
-        description="Where /v1 text is made: `inline` in Generate, or the Derender `tier`. "
-        "A request overrides it with the X-Text-Placement header.",
+        description="Where /v1 text is made: `inline` in Generate, the Derender `tier`, or "
+        "`auto`: per request, from the measured load of both (auto_placement). A request "
+        "overrides it with the X-Text-Placement header.",
     )
+    auto_placement: AutoPlacementConfig = Field(default_factory=AutoPlacementConfig)
     api_key: SecretStr | None = Field(
         None, description="Bearer key for /v1 and /inference; VLLM_API_KEY if unset."
     )
@@ -322,9 +326,10 @@ class GraphConfig(_Strict):
         local = Path(self.model)
         if (local.is_absolute() or self.model.startswith(".")) and not local.is_dir():
             raise ValueError(f"model folder {self.model!r} does not exist")
-        if self.tokens_only and self.text_placement == "inline":
+        if self.tokens_only and self.text_placement != "tier":
             raise ValueError(
-                "text_placement 'inline' needs a tokenizer on Generate, which tokens_only "
+                f"text_placement {self.text_placement!r} needs a tokenizer on Generate, "
+                "which tokens_only "
                 "removes; use text_placement=tier"
             )
         if self.num_gpus == 0 and self.tensor_parallel_size > 1:

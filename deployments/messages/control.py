@@ -26,9 +26,24 @@ class EngineState(BaseModel):
     """The engine's own vLLM metric families (its Prometheus stat logger)."""
 
 
-CommandKind = Literal["subscribed", "abort", "abort_calls", "engine_state"]
+CommandKind = Literal["subscribed", "abort", "abort_calls", "engine_state", "host_load"]
 Tier = Literal["generate", "derender"]
 """The data-plane tiers that subscribe to the control plane."""
+
+
+class HostLoad(BaseModel):
+    """How busy one replica's host and event loop were (``scaling/host_load.py``)."""
+
+    tier: Tier
+    replica: str
+    host: str
+    """The machine (its kernel's boot id): replicas with the same one share its CPUs."""
+    cpus: list[int]
+    """The CPUs the replica may run on (its affinity)."""
+    host_busy: float
+    """Share of those CPUs busy, every process counted, 0–1."""
+    loop_busy: float
+    """Share of wall time the replica's event-loop thread ran or waited to run, 0–1."""
 
 
 class ControlCommand(BaseModel):
@@ -40,6 +55,7 @@ class ControlCommand(BaseModel):
     """``subscribed``: the channel is open. ``abort``: abort ``request_ids`` here, answer how
     many this replica held. ``abort_calls``: end the bound Generate calls whose step-channel
     keys are ``request_ids``, answer how many were there (Generate only). ``engine_state``:
-    answer an :class:`EngineState` (Generate only)."""
+    answer an :class:`EngineState` (Generate only). ``host_load``: answer a
+    :class:`HostLoad`, or None before a first window."""
     request_ids: list[str] = []
     """For ``abort``: the ids clients hold; for ``abort_calls``: step-channel keys."""

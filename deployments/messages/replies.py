@@ -79,6 +79,11 @@ class RenderedText:
     job: bytes
     request_id: str = ""
     """The request's id, for the Ingress's log lines."""
+    expected_tokens: int | None = None
+    """The most tokens it may generate, every prompt and choice together (None: up
+    to the model's length): the text work ``text_placement: auto`` weighs."""
+    parsed: bool = False
+    """Whether its text runs a reasoning or tool parser on every token."""
 
     def open(self) -> Any:
         """The ``TextJob`` (only a tier that imports vLLM may call this)."""

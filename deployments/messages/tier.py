@@ -54,16 +54,28 @@ class TextJob(BaseModel):
     (``/v1/responses``) as vLLM's Responses server builds its answer from engine
     outputs."""
 
-    def rendered(self) -> RenderedText:
-        """This job as it crosses the Ingress: pickled once, with what routing reads."""
+    def rendered(self, *, reasoning_parser: bool, tool_parser: bool) -> RenderedText:
+        """This job as it crosses the Ingress: pickled once, with what routing reads.
+        The flags say which parsers the graph runs (``GraphConfig``)."""
         request = self.generate_request
+        sampling = request.sampling_params
+        expected = None
+        if sampling.max_tokens is not None:
+            expected = sampling.max_tokens * sampling.n * len(self.batch or [request])
         return RenderedText(
             token_ids=request.token_ids,
             cache_salt=request.cache_salt,
             multimodal=request.features is not None,
             job=pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL),
             request_id=self.response_id or request.request_id,
+            expected_tokens=expected,
+            parsed=self.completion_request is None
+            and (reasoning_parser or (tool_parser and self._offers_tools())),
         )
+
+    def _offers_tools(self) -> bool:
+        chat = self.chat_request or self.responses_request
+        return bool(chat is not None and chat.tools and chat.tool_choice != "none")
 
 
 def prompt_key(key: str, prompt: int) -> str:
