@@ -28,6 +28,8 @@ class TimedStream:
     """A 200 that ended with ``[DONE]`` and no error event."""
     error: str | None = None
     """Why not: the status and body, the error event, or the transport's error."""
+    placed: str | None = None
+    """Where the graph made its text (its ``X-Text-Placement`` answer)."""
 
     @property
     def ttft_ms(self) -> float | None:
@@ -57,9 +59,10 @@ async def timed_chat(
     first = last = ended = None
     tokens = 0
     ok = False
-    error = None
+    error = placed = None
     try:
         async with http.stream("POST", url, json=body, headers=headers or {}) as reply:
+            placed = reply.headers.get("X-Text-Placement")
             if reply.status_code != 200:
                 error = f"{reply.status_code}: {(await reply.aread())[:300]!r}"
             async for line in reply.aiter_lines():
@@ -84,4 +87,4 @@ async def timed_chat(
         ok, error = False, f"{type(e).__name__}: {e}"
     if not ok and error is None:
         error = "ended without [DONE]"
-    return TimedStream(started, first, last, ended, tokens, ok, error)
+    return TimedStream(started, first, last, ended, tokens, ok, error, placed)

@@ -13,7 +13,9 @@ import matplotlib.pyplot as plt
 
 from bench.stats import percentile
 
-NAMES = {"inline": "I", "tier": "S"}
+NAMES = {"inline": "I", "tier": "S", "auto": "A"}
+# The issue's bar for auto: within 10% of the better fixed placement.
+AUTO_WITHIN = 1.10
 TEXT_SIDE = ("cpu-text", "head", "client")
 
 
@@ -90,7 +92,7 @@ def ratio_rows(data: dict[str, Any]) -> list[str]:
     round of S against the round of I next to it), and tokens/s."""
     rows = []
     for (layout, pace, streams), by in _cells(data).items():
-        if set(by) != set(NAMES):
+        if not {"inline", "tier"} <= set(by):
             continue
         i, s = cell_summary(by["inline"]), cell_summary(by["tier"])
         pairs = [
@@ -102,16 +104,33 @@ def ratio_rows(data: dict[str, Any]) -> list[str]:
         rows.append(
             f"| {layout} | {pace:g} | {streams} | {s['tpot_p50'] / i['tpot_p50']:.2f}× | {spread} "
             f"| {s['tokens_per_s'] / i['tokens_per_s']:.2f}× "
-            f"| {s['ttft_p50'] / i['ttft_p50']:.2f}× |"
+            f"| {s['ttft_p50'] / i['ttft_p50']:.2f}× | {auto_cells(by, i, s)} |"
         )
     return rows
+
+
+def auto_cells(by: dict[str, list[dict[str, Any]]], i: dict[str, Any], s: dict[str, Any]) -> str:
+    """A against the better of I and S: TPOT p50, tokens/s, and where A put its streams."""
+    if "auto" not in by:
+        return "– | – | –"
+    a = cell_summary(by["auto"])
+    tpot = a["tpot_p50"] / min(i["tpot_p50"], s["tpot_p50"])
+    rate = a["tokens_per_s"] / max(i["tokens_per_s"], s["tokens_per_s"])
+    met = "yes" if tpot <= AUTO_WITHIN else "no"
+    return f"{tpot:.2f}× ({met}) | {rate:.2f}× | {tier_share(by['auto']):.0%}"
+
+
+def tier_share(rounds: list[dict[str, Any]]) -> float:
+    placed = [q.get("placed") for r in rounds for q in r["requests"]]
+    return sum(p == "tier" for p in placed) / len(placed) if placed else 0.0
 
 
 def ratio_table(data: dict[str, Any]) -> list[str]:
     return [
         "| cores | step ms | N streams | TPOT p50, S ÷ I | rounds' own ratios "
-        "| tokens/s, S ÷ I | TTFT p50, S ÷ I |",
-        "|---|---|---|---|---|---|---|",
+        "| tokens/s, S ÷ I | TTFT p50, S ÷ I | TPOT p50, A ÷ the better (≤ 1.10) "
+        "| tokens/s, A ÷ the better | A's streams in the tier |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *ratio_rows(data),
     ]
 
@@ -119,7 +138,7 @@ def ratio_table(data: dict[str, Any]) -> list[str]:
 def cell_rows(data: dict[str, Any]) -> list[str]:
     rows = []
     for (layout, pace, streams), by in _cells(data).items():
-        for placement in ("inline", "tier"):
+        for placement in NAMES:
             if placement not in by:
                 continue
             c = cell_summary(by[placement])
@@ -147,6 +166,63 @@ def failure_lines(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def moving_rows(data: dict[str, Any]) -> list[str]:
+    """Per phase of the moving load: each placement's TPOT p50 and tokens/s, A against
+    the better, and A's streams in the tier (in the phase's first 5 s, and after)."""
+    phases: dict[tuple[int, str], dict[str, dict[str, Any]]] = {}
+    for phase in data.get("moving") or []:
+        phases.setdefault((phase["phase"], phase["layout"]), {})[phase["placement"]] = phase
+    rows = []
+    for (index, layout), by in sorted(phases.items()):
+        if set(by) != set(NAMES):
+            continue
+        p50 = {name: percentile(_tpots([by[name]]), 50) or float("nan") for name in NAMES}
+        rate = {name: _tokens(by[name]) / by[name]["wall_s"] for name in NAMES}
+        better = min(p50["inline"], p50["tier"])
+        auto = by["auto"]["requests"]
+        early = [q for q in auto if q["start_s"] < 5]
+        late = [q for q in auto if q["start_s"] >= 5]
+        ok = " / ".join(str(sum(q["ok"] for q in by[n]["requests"])) for n in NAMES)
+        total = " / ".join(str(len(by[n]["requests"])) for n in NAMES)
+        rows.append(
+            f"| {index} | {layout} | {p50['inline']:.1f} | {p50['tier']:.1f} | {p50['auto']:.1f} "
+            f"| {p50['auto'] / better:.2f}× "
+            f"({'yes' if p50['auto'] / better <= AUTO_WITHIN else 'no'}) "
+            f"| {rate['inline']:.0f} | {rate['tier']:.0f} | {rate['auto']:.0f} "
+            f"| {_share(early)} | {_share(late)} | {ok} of {total} |"
+        )
+    return rows
+
+
+def _share(requests: list[dict[str, Any]]) -> str:
+    if not requests:
+        return "–"
+    return f"{sum(q['placed'] == 'tier' for q in requests) / len(requests):.0%}"
+
+
+def moving_section(data: dict[str, Any]) -> list[str]:
+    rows = moving_rows(data)
+    if not rows:
+        return []
+    a = data["args"]
+    return [
+        "## A load that moves between them",
+        "",
+        f"{a['moving_streams']} clients in a closed loop, each streaming one chat "
+        f"({a['moving_tokens']} tokens, the same parsed chat) after another, "
+        f"{a['phase_s']:g} s per phase; between phases every process is pinned afresh "
+        f"({' → '.join(a['moving'])}): the engine host's headroom taken and given back "
+        "under a steady load. I, S and A each run the whole timeline, in turn. TPOT p50 "
+        "(ms) over the phase's streams; tokens/s over the phase's wall time.",
+        "",
+        "| phase | cores | I TPOT p50 | S | A | A ÷ the better (≤ 1.10) | I tokens/s | S | A "
+        "| A in the tier, first 5 s | after | ok (I / S / A) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
 def pinning_rows(pinning: list[dict[str, Any]]) -> list[str]:
     counts = Counter((p["group"], p["cores"]) for p in pinning)
     kinds: dict[tuple[str, str], set[str]] = {}
@@ -168,12 +244,14 @@ def plot(data: dict[str, Any], path: Path) -> None:
     for layout, pace in lines:
         ns = sorted(n for lay, p, n in cells if (lay, p) == (layout, pace))
         for placement, name in NAMES.items():
+            if any(placement not in cells[(layout, pace, n)] for n in ns):
+                continue
             summaries = [cell_summary(cells[(layout, pace, n)][placement]) for n in ns]
             p50s = [s["tpot_p50"] for s in summaries]
             spans = [[x for x in s["round_p50s"] if x is not None] for s in summaries]
             low = [p - min(xs) for p, xs in zip(p50s, spans, strict=True)]
             high = [max(xs) - p for p, xs in zip(p50s, spans, strict=True)]
-            style = "-" if name == "S" else "--"
+            style = {"S": "-", "I": "--", "A": ":"}[name]
             label = f"{name}, {layout} cores, step {pace:g} ms"
             axes[0].errorbar(ns, p50s, yerr=[low, high], marker="o", capsize=3, ls=style,
                              label=label)  # fmt: skip
@@ -215,14 +293,16 @@ def write_report(data: dict[str, Any], out: Path) -> None:
         "*step* (a sleep: a GPU's step leaves the host's CPU free) on top of the tiny "
         "model's own work. One deployment serves both placements, chosen per request "
         "(`X-Text-Placement`): **I** makes text in the Generate replica, next to the "
-        "engine; **S** in the Derender tier. A cell is N streamed chats at once "
+        "engine; **S** in the Derender tier; **A** (`auto`) lets the Ingress choose per "
+        "request from the replicas' host load (`deployments/routing/text_placement.py`). "
+        "A cell is N streamed chats at once "
         f"({a['tokens']} tokens each, `ignore_eos`, reasoning at temperature 1 with a tool "
-        "offered: the qwen3 reasoning and hermes tool parsers on every token), I and S in "
-        f"turn, {a['rounds']} rounds each (the order swapped every round). TPOT is vLLM's "
-        "benchmark's: (end − first text) ÷ (tokens − 1), so text a parser holds back counts "
-        "when it arrives.",
+        "offered: the qwen3 reasoning and hermes tool parsers on every token), the "
+        f"placements in turn, {a['rounds']} rounds each (the order rotated every round). "
+        "TPOT is vLLM's benchmark's: (end − first text) ÷ (tokens − 1), so text a parser "
+        "holds back counts when it arrives.",
         "",
-        "## S against I",
+        "## S against I, and A against the better of the two",
         "",
         *ratio_table(data),
         "",
@@ -244,6 +324,7 @@ def write_report(data: dict[str, Any], out: Path) -> None:
         *cell_rows(data),
         "",
         *(["Failed streams:", "", *failure_lines(data), ""] if failure_lines(data) else []),
+        *moving_section(data),
         "## Where each process ran",
         "",
         "Read back from `/proc/<pid>/status` (`Cpus_allowed_list`, every thread) after each "

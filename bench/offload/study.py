@@ -70,7 +70,7 @@ TOOLS = [
         },
     }
 ]
-PLACEMENTS = ("inline", "tier")
+PLACEMENTS = ("inline", "tier", "auto")
 DERENDER_STREAMS = 256
 ENGINE_GROUP, TEXT_GROUP = "engine", "cpu-text"
 
@@ -115,7 +115,7 @@ class Round:
     placement: str
     wall_s: float
     requests: list[dict[str, Any]]
-    """Per stream: ttft_ms, tpot_ms, tokens, ok."""
+    """Per stream: ttft_ms, tpot_ms, tokens, ok, error, placed (where the graph put it)."""
     cpu_s: dict[str, dict[str, float]]
     """Per node group (``engine``, ``cpu-text``, ``head``, ``client``): CPU seconds
     of each kind of process there (a replica by its deployment, vLLM's engine
@@ -129,6 +129,8 @@ class Study:
     rounds: list[Round] = field(default_factory=list)
     pinning: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     """Per layout: every process and its cores, read back after the layout's rounds."""
+    moving: list[dict[str, Any]] = field(default_factory=list)
+    """The moving load's phases (``bench/offload/moving.py``)."""
 
 
 def kind_of(title: str) -> str:
@@ -210,12 +212,13 @@ def measure(
     wall, done = asyncio.run(one_round(base_url, streams, placement_, tokens, pace_ms))
     cpu = cpu_between(before, cpu_snapshot(cluster))
     cpu["client"] = {"client": round(client_cpu_s() - client_before, 3)}
-    requests = [
-        {"ttft_ms": _ms(s.ttft_ms), "tpot_ms": _ms(s.tpot_ms), "tokens": s.tokens, "ok": s.ok,
-         "error": s.error}
-        for s in done
-    ]  # fmt: skip
+    requests = [stream_record(s) for s in done]
     return Round(layout, pace_ms, streams, placement_, round(wall, 3), requests, cpu)
+
+
+def stream_record(s: TimedStream) -> dict[str, Any]:
+    return {"ttft_ms": _ms(s.ttft_ms), "tpot_ms": _ms(s.tpot_ms), "tokens": s.tokens,
+            "ok": s.ok, "error": s.error, "placed": s.placed}  # fmt: skip
 
 
 def layout_cores(layout: str, engine: set[int], text: set[int]) -> dict[str, set[int]]:
@@ -246,12 +249,14 @@ def run(args: argparse.Namespace, work: Path) -> Study:
             pin(cluster.processes(), cores)
             # This client runs where the head does: never on the engine's own cores.
             os.sched_setaffinity(0, cores[HEAD])
-            for placement_ in PLACEMENTS:  # warm both paths
+            for placement_ in PLACEMENTS:  # warm every path (auto: its load reading)
                 asyncio.run(one_round(base_url, 4, placement_, 16, 0))
             for pace in args.pace_ms:
                 for streams in args.streams:
                     for round_ in range(args.rounds):
-                        order = PLACEMENTS if round_ % 2 == 0 else PLACEMENTS[::-1]
+                        # Each placement first, between and last in turn.
+                        turn = round_ % len(PLACEMENTS)
+                        order = PLACEMENTS[turn:] + PLACEMENTS[:turn]
                         for placement_ in order:
                             cell = (layout, pace, streams)
                             measured = measure(cluster, base_url, cell, placement_, args.tokens)
@@ -259,6 +264,10 @@ def run(args: argparse.Namespace, work: Path) -> Study:
                             print(summary(measured), flush=True)
             study.pinning[layout] = [asdict(p) for p in placement(cluster.processes())]
             check_pinning(study.pinning[layout], cores)
+        if args.moving:
+            from bench.offload.moving import moving_load  # it builds on this module
+
+            study.moving = moving_load(cluster, base_url, args, engine, text)
     return study
 
 
@@ -290,7 +299,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256, help="output tokens per stream")
     parser.add_argument("--pace-ms", type=lambda s: [float(x) for x in s.split(",")],
                         default=[15.0], help="engine steps (ms)")  # fmt: skip
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of I and S per cell")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of I, S, A per cell")
+    parser.add_argument("--moving", type=lambda s: s.split(",") if s else [],
+                        default=["shared", "disjoint", "shared"],
+                        help="the moving load's phases, by layout ('' for none)")  # fmt: skip
+    parser.add_argument("--moving-streams", type=int, default=64)
+    parser.add_argument("--moving-tokens", type=int, default=128)
+    parser.add_argument("--phase-s", type=float, default=25.0, help="each moving phase")
     parser.add_argument("--layouts", type=lambda s: s.split(","), default=["disjoint", "shared"],
                         help="disjoint: the engine on cores of its own; shared: all on all",
                         )  # fmt: skip

@@ -25,7 +25,7 @@ from bench.harness.pinning import (
     set_cores,
 )
 from bench.harness.timed_stream import TimedStream
-from bench.offload.report import ratio_rows
+from bench.offload.report import moving_rows, ratio_rows
 from bench.offload.study import check_pinning
 
 # A process with a second thread, which forks a child when it reads a line.
@@ -120,8 +120,11 @@ def test_check_pinning_fails_a_process_off_its_cores() -> None:
         check_pinning([{"group": "engine", "cores": "0-1"}], cores)
 
 
-def _round(streams: int, placement: str, tpot: float, wall_s: float) -> dict[str, Any]:
-    requests = [{"ttft_ms": 10.0, "tpot_ms": tpot, "tokens": 100, "ok": True}] * streams
+def _round(
+    streams: int, placement: str, tpot: float, wall_s: float, placed: str | None = None
+) -> dict[str, Any]:
+    request = {"ttft_ms": 10.0, "tpot_ms": tpot, "tokens": 100, "ok": True}
+    requests = [{**request, "placed": placed or placement}] * streams
     return {"layout": "disjoint", "pace_ms": 15.0, "streams": streams, "placement": placement,
             "wall_s": wall_s, "requests": requests, "cpu_s": {}}  # fmt: skip
 
@@ -137,7 +140,46 @@ def test_ratio_rows_compare_s_with_i_pooled_and_round_by_round() -> None:
     }
     (row,) = ratio_rows(data)
     # Pooled p50 12.5 ÷ 20; rounds 0.50 and 0.75; tokens/s 400 ÷ 200.
-    assert row == "| disjoint | 15 | 4 | 0.62× | 0.50–0.75 | 2.00× | 1.00× |"
+    assert row == "| disjoint | 15 | 4 | 0.62× | 0.50–0.75 | 2.00× | 1.00× | – | – | – |"
+
+
+def test_auto_is_judged_against_the_better_placement_of_its_cell() -> None:
+    data = {
+        "rounds": [
+            _round(4, "inline", 20.0, 2.0),
+            _round(4, "tier", 10.0, 1.0),
+            _round(4, "auto", 10.5, 1.0, placed="tier"),
+            _round(4, "auto", 12.0, 1.25, placed="inline"),
+        ]
+    }
+    (row,) = ratio_rows(data)
+    # A's pooled p50 11.25 ÷ S's 10; tokens/s (400 + 320) ÷ 2 ÷ S's 400; half in the tier.
+    assert row.endswith("| 1.12× (no) | 0.90× | 50% |"), row
+
+
+def test_the_moving_load_compares_each_phase_and_shows_how_fast_auto_moved() -> None:
+    def phase(placement: str, tpot: float, placed: list[str]) -> dict[str, Any]:
+        requests = [
+            {"ttft_ms": 10.0, "tpot_ms": tpot, "tokens": 100, "ok": True, "placed": p,
+             "start_s": float(i * 3)}
+            for i, p in enumerate(placed)
+        ]  # fmt: skip
+        return {"placement": placement, "phase": 1, "layout": "disjoint", "wall_s": 10.0,
+                "requests": requests}  # fmt: skip
+
+    data = {
+        "moving": [
+            phase("inline", 20.0, ["inline"] * 4),
+            phase("tier", 10.0, ["tier"] * 4),
+            phase("auto", 10.8, ["inline", "inline", "tier", "tier"]),
+        ]
+    }
+    (row,) = moving_rows(data)
+    # Starts at 0, 3, 6, 9 s: the two in the first 5 s inline, the rest in the tier.
+    assert row == (
+        "| 1 | disjoint | 20.0 | 10.0 | 10.8 | 1.08× (yes) | 40 | 40 | 40 | 0% | 100% "
+        "| 4 / 4 / 4 of 4 / 4 / 4 |"
+    )
 
 
 def test_a_stream_times_tpot_from_its_first_text_to_its_end() -> None:
