@@ -22,7 +22,7 @@ class AutoPlacementConfig(BaseModel):
         "graph makes no calls); the next one starts it again.",
     )
     step: float = Field(
-        0.25, gt=0, le=1, description="How far one reading moves the share sent to the tier."
+        0.5, gt=0, le=1, description="How far one reading moves the share sent to the tier."
     )
     busy: float = Field(
         0.85,

@@ -89,9 +89,14 @@ class HostSampler:
         cpus = frozenset(self._affinity())
         times, ran = self._cpu_times(cpus), self._thread_ns()
         last, self._last = self._last, (now, cpus, times, ran)
-        if last is None or last[1] != cpus:  # first, or re-pinned: the window starts here
-            self._reading = None
+        if last is None:
             return None
+        if last[1] != cpus:
+            # Re-pinned: the window starts here, but the CPUs are news at once (whether
+            # the tier still has cores of its own); the busy shares stay the last ones.
+            if self._reading is not None:
+                self._reading = self._reading.model_copy(update={"cpus": sorted(cpus)})
+            return self._reading
         wall = now - last[0]
         busy, total = times[0] - last[2][0], times[1] - last[2][1]
         self._reading = HostLoad(

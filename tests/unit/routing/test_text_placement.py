@@ -15,7 +15,7 @@ from deployments.messages.control import HostLoad
 from deployments.messages.replies import RenderedText
 from deployments.routing.text_placement import AutoPlacement, PlacementReader, pressure
 
-SETTINGS = AutoPlacementConfig()  # step 0.25, busy 0.85, idle 0.5, margin 0.1
+SETTINGS = AutoPlacementConfig(step=0.25)  # busy 0.85, idle 0.5, margin 0.1
 
 
 def load(tier: str, busy: float, cpus: list[int], loop: float = 0.0, host: str = "m") -> HostLoad:

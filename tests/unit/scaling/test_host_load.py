@@ -43,12 +43,16 @@ def test_a_reading_covers_the_window_since_the_last() -> None:
     assert abs(later.loop_busy - 0.1) < 1e-9
 
 
-def test_a_replica_pinned_elsewhere_starts_a_new_window() -> None:
+def test_a_replica_pinned_elsewhere_says_so_at_once_and_starts_a_new_window() -> None:
     state: dict[str, object] = {"cpus": {0, 1}, "times": (0.0, 0.0), "ns": 0.0, "now": 0.0}
     host = sampler(state)
     host.reading()
-    state.update(cpus={1}, times=(50.0, 100.0), now=1.0)
-    assert host.reading() is None  # its old CPUs' figures say nothing of the new ones
-    state.update(times=(60.0, 200.0), now=2.0)
+    state.update(times=(50.0, 100.0), now=1.0)
+    assert host.reading().host_busy == 0.5  # type: ignore[union-attr]
+    state.update(cpus={1}, times=(60.0, 200.0), now=2.0)
+    moved = host.reading()
+    # Its new CPUs at once; the busy share is the last window's until one on them ends.
+    assert moved is not None and moved.cpus == [1] and moved.host_busy == 0.5
+    state.update(times=(150.0, 300.0), now=3.0)
     reading = host.reading()
-    assert reading is not None and reading.cpus == [1] and abs(reading.host_busy - 0.1) < 1e-9
+    assert reading is not None and reading.cpus == [1] and abs(reading.host_busy - 0.9) < 1e-9
