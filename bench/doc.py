@@ -168,9 +168,10 @@ def offload_section(results: Path, out: Path) -> str:
             "The cells above share this host's 2 cores among every tier, so the tier's work "
             "is never moved off the engine's CPU. `python -m bench.offload` runs one "
             "deployment on a local cluster whose engine node has a core of its own "
-            "(*disjoint*), then with every process on both cores (*shared*), I and S per "
-            f"request on the same load; the page with every cell, the CPU behind it and "
-            f"where each process ran: [{page}]({page}).\n",
+            "(*disjoint*), then with every process on both cores (*shared*), I, S and A "
+            "(`text_placement: auto`, the Ingress's choice per request) on the same load; "
+            "the page with every cell, the CPU behind it, a load that moves between the "
+            f"two and where each process ran: [{page}]({page}).\n",
             *ratio_table(data),
             f"\n![TPOT and cores]({image})\n",
         ]

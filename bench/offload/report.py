@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -166,19 +167,26 @@ def failure_lines(data: dict[str, Any]) -> list[str]:
     return lines
 
 
-def moving_rows(data: dict[str, Any]) -> list[str]:
-    """Per phase of the moving load: each placement's TPOT p50 and tokens/s, A against
-    the better, and A's streams in the tier (in the phase's first 5 s, and after)."""
+def _phases(data: dict[str, Any]) -> list[tuple[int, str, dict[str, dict[str, Any]]]]:
+    """The moving load's phases that every placement ran: (index, layout, by placement)."""
     phases: dict[tuple[int, str], dict[str, dict[str, Any]]] = {}
     for phase in data.get("moving") or []:
         phases.setdefault((phase["phase"], phase["layout"]), {})[phase["placement"]] = phase
+    return [(i, layout, by) for (i, layout), by in sorted(phases.items()) if set(by) == set(NAMES)]
+
+
+def _phase_p50s(by: dict[str, dict[str, Any]]) -> dict[str, float]:
+    return {name: percentile(_tpots([by[name]]), 50) or float("nan") for name in NAMES}
+
+
+def moving_rows(data: dict[str, Any]) -> list[str]:
+    """Per phase of the moving load: each placement's TPOT p50 and tokens/s, A against
+    the better, and A's streams in the tier (in the phase's first 5 s, and after)."""
     rows = []
-    for (index, layout), by in sorted(phases.items()):
-        if set(by) != set(NAMES):
-            continue
-        p50 = {name: percentile(_tpots([by[name]]), 50) or float("nan") for name in NAMES}
+    for index, layout, by in _phases(data):
+        p50 = _phase_p50s(by)
         rate = {name: _tokens(by[name]) / by[name]["wall_s"] for name in NAMES}
-        better = min(p50["inline"], p50["tier"])
+        auto_ratio = p50["auto"] / min(p50["inline"], p50["tier"])
         auto = by["auto"]["requests"]
         early = [q for q in auto if q["start_s"] < 5]
         late = [q for q in auto if q["start_s"] >= 5]
@@ -186,8 +194,7 @@ def moving_rows(data: dict[str, Any]) -> list[str]:
         total = " / ".join(str(len(by[n]["requests"])) for n in NAMES)
         rows.append(
             f"| {index} | {layout} | {p50['inline']:.1f} | {p50['tier']:.1f} | {p50['auto']:.1f} "
-            f"| {p50['auto'] / better:.2f}× "
-            f"({'yes' if p50['auto'] / better <= AUTO_WITHIN else 'no'}) "
+            f"| {auto_ratio:.2f}× ({'yes' if auto_ratio <= AUTO_WITHIN else 'no'}) "
             f"| {rate['inline']:.0f} | {rate['tier']:.0f} | {rate['auto']:.0f} "
             f"| {_share(early)} | {_share(late)} | {ok} of {total} |"
         )
@@ -218,6 +225,43 @@ def moving_section(data: dict[str, Any]) -> list[str]:
         "| phase | cores | I TPOT p50 | S | A | A ÷ the better (≤ 1.10) | I tokens/s | S | A "
         "| A in the tier, first 5 s | after | ok (I / S / A) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
+def runs_section(work: Path) -> list[str]:
+    """The other runs kept beside this one (``run-*.json``): S ÷ I and A ÷ the better, per
+    cell, so a reader sees the spread between runs and not one run's figures alone."""
+    rows = []
+    for path in sorted(work.glob("run-*.json")):
+        data = json.loads(path.read_text())
+        for (layout, pace, streams), by in _cells(data).items():
+            if not {"inline", "tier"} <= set(by):
+                continue
+            i, s = cell_summary(by["inline"]), cell_summary(by["tier"])
+            auto = "–"
+            if "auto" in by:
+                ratio = cell_summary(by["auto"])["tpot_p50"] / min(i["tpot_p50"], s["tpot_p50"])
+                auto = f"{ratio:.2f}×"
+            rows.append(f"| {path.stem} | {layout} | {pace:g} | {streams} "
+                        f"| {s['tpot_p50'] / i['tpot_p50']:.2f}× | {auto} |")  # fmt: skip
+        for index, layout, phased in _phases(data):
+            p50 = _phase_p50s(phased)
+            better = min(p50["inline"], p50["tier"])
+            rows.append(f"| {path.stem} | moving, phase {index}: {layout} | – | – "
+                        f"| {p50['tier'] / p50['inline']:.2f}× "
+                        f"| {p50['auto'] / better:.2f}× |")  # fmt: skip
+    if not rows:
+        return []
+    return [
+        "## The other runs",
+        "",
+        "Earlier runs of this command, kept beside its results (`run-*.json`): TPOT p50, "
+        "S ÷ I and A ÷ the better of the two, per cell (`run-i-s-*`: before A existed).",
+        "",
+        "| run | cores | step ms | N | S ÷ I | A ÷ the better |",
+        "|---|---|---|---|---|---|",
         *rows,
         "",
     ]
@@ -325,6 +369,7 @@ def write_report(data: dict[str, Any], out: Path) -> None:
         "",
         *(["Failed streams:", "", *failure_lines(data), ""] if failure_lines(data) else []),
         *moving_section(data),
+        *runs_section(out.with_suffix("")),
         "## Where each process ran",
         "",
         "Read back from `/proc/<pid>/status` (`Cpus_allowed_list`, every thread) after each "

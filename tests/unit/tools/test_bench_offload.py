@@ -202,3 +202,18 @@ def test_experiments_md_carries_the_offload_table_read_from_its_results(tmp_path
     assert "| disjoint | 15 | 4 | 0.50× | 0.50–0.50 | 2.00× | 1.00× |" in section
     assert "[offload.md](offload.md)" in section
     assert "![TPOT and cores](offload.png)" in section
+
+
+def test_the_page_lists_the_runs_kept_beside_its_results(tmp_path: Path) -> None:
+    from bench.offload.report import runs_section
+
+    rounds = [_round(4, "inline", 20.0, 2.0), _round(4, "tier", 10.0, 1.0)]
+    (tmp_path / "run-i-s-1.json").write_text(json.dumps({"rounds": rounds}))
+    with_auto = [*rounds, _round(4, "auto", 11.0, 1.0, placed="tier")]
+    (tmp_path / "run-auto-1.json").write_text(json.dumps({"rounds": with_auto}))
+    (tmp_path / "results.json").write_text(json.dumps({"rounds": rounds}))  # this run: not listed
+    rows = [line for line in runs_section(tmp_path) if line.startswith("| run-")]
+    assert rows == [
+        "| run-auto-1 | disjoint | 15 | 4 | 0.50× | 1.10× |",
+        "| run-i-s-1 | disjoint | 15 | 4 | 0.50× | – |",
+    ]
