@@ -6,12 +6,14 @@ says the choice in ``X-Text-Placement`` and why in ``X-Text-Placement-Auto``.
 
 from __future__ import annotations
 
-from deployments.config.graph_config import GraphConfig
+from typing import get_args
+
+from deployments.config.graph_config import GraphConfig, TextPlacement
 from deployments.edge.errors import Refusal, bad_request
 
 PLACEMENT_HEADER = "X-Text-Placement"
 AUTO_REASON_HEADER = "X-Text-Placement-Auto"
-PLACEMENTS = ("inline", "tier", "auto")
+PLACEMENTS: tuple[str, ...] = get_args(TextPlacement)
 
 
 def requested_placement(header: str | None, config: GraphConfig) -> str:
