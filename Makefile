@@ -21,9 +21,16 @@ export RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper ?= true
 export RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH ?= 268435456
 export RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH ?= deployments.edge.proxy_middleware:middlewares
 
-.PHONY: install run test test-unit test-integration test-e2e test-cluster lint typecheck check model model-check k8s clean
+.PHONY: install prometheus run test test-unit test-integration test-e2e test-cluster lint typecheck check model model-check k8s clean
 
 install: $(STAMP)
+
+# Debian's Prometheus: the integration tests scrape the graph with a real one
+# (tests/support/prometheus.py). Installed once, from the Debian mirror.
+prometheus:
+	command -v prometheus >/dev/null || { SUDO=$$(command -v sudo || true); \
+	  $$SUDO apt-get install -y -q --no-install-recommends prometheus || \
+	  { $$SUDO apt-get update -q && $$SUDO apt-get install -y -q --no-install-recommends prometheus; }; }
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,13 +43,13 @@ $(STAMP): pyproject.toml
 run: install
 	$(VENV)/bin/serve run graph:app
 
-test: install
+test: install prometheus
 	$(PY) -m pytest tests -v --durations=30
 
 test-unit: install
 	$(PY) -m pytest tests/unit -v
 
-test-integration: install
+test-integration: install prometheus
 	$(PY) -m pytest tests/integration -v
 
 test-e2e: install

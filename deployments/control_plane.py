@@ -30,6 +30,7 @@ from ray.exceptions import RayActorError
 
 from deployments.config.serve_env import missing_switches, switches_warning
 from deployments.messages.control import CommandKind, ControlCommand, EngineState, HostLoad, Tier
+from deployments.observability.metrics import graph_metrics
 from deployments.transport.serve_internals import ping_actor
 
 logger = logging.getLogger("ray.serve")
@@ -95,6 +96,11 @@ class ControlPlane:
         )
         counts = {"generate": sum(_ints(aborted)), "derender": sum(_ints(held))}
         logger.info("abort of %d id(s): held %s", len(request_ids), counts)
+        metrics = graph_metrics()
+        if request_ids:
+            metrics.abort_ids.inc(len(request_ids))
+        if counts["generate"]:
+            metrics.aborted_requests.inc(counts["generate"])
         return counts
 
     async def end_calls(self, keys: list[str]) -> int:

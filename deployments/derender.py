@@ -64,6 +64,7 @@ from deployments.messages.tier import (
     moved_key,
     prompt_key,
 )
+from deployments.observability.metrics import CpuPerToken, Gaps
 from deployments.render import build_render_state
 from deployments.routing.pinned_router import avoiding
 from deployments.scaling.cpu_load import CpuLoad
@@ -92,6 +93,7 @@ class Derender(ChannelSource):
         self._config = config
         self._coalesce_s = config.stream_coalesce_ms / 1000
         self._load = CpuLoad()
+        self._cpu_per_token = CpuPerToken()
         self._state = await build_render_state(config)
         self._text = TextOutput(self._state.online_derenderer, self._state.serving_derender)
         self._generate = generate.options(stream=True)
@@ -155,7 +157,9 @@ class Derender(ChannelSource):
         try:
             if not await wait_routed(call, self._generate, patience_s):
                 raise Refusal(no_live_replica("Generate"))
+            gaps = Gaps()
             async for item in call:
+                gaps.tick()
                 yield item
         finally:
             call.cancel()
@@ -219,7 +223,9 @@ class Derender(ChannelSource):
 
     def _count_tokens(self, payload: dict[str, Any]) -> None:
         """A ``PayloadTap``: the tokens of each generate payload derendered here."""
-        self._load.did(sum(len(c.get("token_ids") or ()) for c in payload.get("choices") or ()))
+        tokens = sum(len(c.get("token_ids") or ()) for c in payload.get("choices") or ())
+        self._load.did(tokens)
+        self._cpu_per_token.did(tokens)
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's autoscaler asks: cores used, tokens derendered per second

@@ -43,6 +43,7 @@ from deployments.messages.control import ControlCommand, EngineState, HostLoad
 from deployments.messages.replies import RenderedText, served_by
 from deployments.messages.text_steps import TextResume
 from deployments.messages.tier import text_call_key
+from deployments.observability.metrics import Gaps
 from deployments.routing.block_keys import engine_keying, kv_events_config
 from deployments.routing.engine_blocks import (
     ROUTING_STATS_KEY,
@@ -250,8 +251,10 @@ class Generate(ChannelSource):
     async def _engine_events(
         self, events: AsyncGenerator[str, None], movable: bool
     ) -> AsyncGenerator[str, None]:
+        gaps = Gaps()
         async with contextlib.aclosing(events):
             async for event in events:
+                gaps.tick()
                 # vLLM ends a stream its engine failed with an error event.
                 if event.startswith(_ERROR_EVENT):
                     self._raise_if_engine_lost()

@@ -50,6 +50,8 @@ from deployments.edge.tier_calls import (
 from deployments.messages.control import HostLoad
 from deployments.messages.replies import RenderedText, Reply
 from deployments.messages.text_steps import TextResume
+from deployments.observability.cluster_metrics import graph_families
+from deployments.observability.metrics import graph_metrics
 from deployments.routing.pinned_router import avoiding
 from deployments.routing.text_placement import AutoPlacement, PlacementReader
 from deployments.transport.migrating_call import MigratingCall
@@ -115,6 +117,7 @@ class Ingress:
         self._derender_channels = StepChannels(
             derender, serve.get_replica_context().replica_id.unique_id
         )
+        self._app_name = serve.get_replica_context().app_name
         self._vllm_version: str | None = None
         self._health: SharedCall[Response] = SharedCall(OPEN_ROUTE_TTL_S)
         self._metrics: SharedCall[Response] = SharedCall(OPEN_ROUTE_TTL_S)
@@ -154,13 +157,17 @@ class Ingress:
 
     @app.get("/metrics")
     async def metrics(self) -> Response:
-        """Every engine's vLLM metrics, labelled by replica (``engine_metrics``); open,
-        so concurrent scrapes share one fan-out (``shared_call``)."""
+        """Every engine's vLLM metrics, labelled by replica (``engine_metrics``), and the
+        graph's own from Ray's metrics agents (``observability/``); open, so concurrent
+        scrapes share one fan-out (``shared_call``)."""
         return await self._metrics.get(self._read_metrics)
 
     async def _read_metrics(self) -> Response:
-        states = await call(self._control.engine_states.remote(), self._control)
-        return PlainTextResponse(exposition(states), media_type=CONTENT_TYPE_LATEST)
+        states, graph = await asyncio.gather(
+            call(self._control.engine_states.remote(), self._control),
+            graph_families(self._app_name),
+        )
+        return PlainTextResponse(exposition(states, graph), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/inference/v1/abort_requests")
     async def abort_requests(self, raw: Request) -> Response:
@@ -337,10 +344,13 @@ class Ingress:
         stream_error: Callable[[Reply], list[str]] = openai_stream_error,
     ) -> Response:
         headers = {}
+        reason = "requested"  # by the header, or the graph's text_placement
         if placement == "auto":
             self._auto_reader.touch()
             placement, headers[AUTO_REASON_HEADER] = self._auto.choose(rendered)
+            reason = headers[AUTO_REASON_HEADER].split("=", 1)[0]
         headers[PLACEMENT_HEADER] = placement
+        graph_metrics().text_placements.inc(tags={"placement": placement, "reason": reason})
         if placement == "inline":
 
             def text(request: tuple[RenderedText, TextResume | None], avoid: Avoid) -> Any:

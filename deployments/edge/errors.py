@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from deployments.messages.replies import Reply, error_reply
+from deployments.observability.metrics import graph_metrics
 
 logger = logging.getLogger("ray.serve")
 # nginx's status for a client that closed the connection first; nobody reads it.
@@ -61,6 +62,8 @@ class Refusal(Exception):
 
 def to_http(reply: Reply, headers: dict[str, str] | None = None) -> JSONResponse:
     """A reply (an answer or an error value) as the HTTP response."""
+    if reply.status >= HTTPStatus.BAD_REQUEST:
+        graph_metrics().refusals.inc(tags={"status": str(reply.status)})
     if reply.status == HTTPStatus.SERVICE_UNAVAILABLE:
         headers = {"Retry-After": "1", **(headers or {})}
     return JSONResponse(reply.body, status_code=reply.status, headers=headers)

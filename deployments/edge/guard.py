@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from deployments.edge.errors import CLIENT_CLOSED_REQUEST, to_http, unavailable
 from deployments.messages.replies import error_reply
+from deployments.observability.metrics import graph_metrics
 from deployments.transport.serve_internals import replica_grpc_max_message_bytes
 
 logger = logging.getLogger("ray.serve")
@@ -246,6 +247,7 @@ def _refusal(request: Request, settings: GuardSettings) -> Response | None:
         api_key is not None and request.method != "OPTIONS" and is_protected(app_path(request))
     )
     if needs_key and not key_matches(request.headers.get("authorization"), api_key or ""):
+        graph_metrics().refusals.inc(tags={"status": str(int(HTTPStatus.UNAUTHORIZED))})
         return JSONResponse(UNAUTHORIZED, status_code=HTTPStatus.UNAUTHORIZED)
     return None
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from http import HTTPStatus
 from typing import Any, ParamSpec
@@ -27,6 +28,7 @@ from vllm.exceptions import GenerationError
 
 from deployments.edge.errors import Refusal
 from deployments.messages.replies import Reply, ServedBy, TierFailure
+from deployments.observability.metrics import graph_metrics
 from deployments.transport.replica_loss import EngineLostError
 
 P = ParamSpec("P")
@@ -67,10 +69,13 @@ def crossing(exc: Exception) -> Exception:
 def answers_ingress(
     method: Callable[P, Awaitable[Any]],
 ) -> Callable[P, Awaitable[Any]]:
-    """A unary tier method the Ingress calls: its answer as a ``Reply``."""
+    """A unary tier method the Ingress calls: its answer as a ``Reply``; the time it
+    took in ``scaleout_unary_call_seconds`` (on Render: the render time)."""
+    tags = {"method": method.__name__}
 
     @functools.wraps(method)
     async def answer(*args: P.args, **kwargs: P.kwargs) -> Any:
+        started = time.perf_counter()
         try:
             return reply_of(await method(*args, **kwargs))
         except Exception as exc:
@@ -78,6 +83,8 @@ def answers_ingress(
             if reply is None:
                 raise crossing(exc) from None
             return reply
+        finally:
+            graph_metrics().unary_call_seconds.observe(time.perf_counter() - started, tags)
 
     return answer
 

@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import pickle
+import time
 from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
 from typing import Any
@@ -32,6 +33,7 @@ from deployments.edge.errors import (
     unavailable,
 )
 from deployments.messages.replies import Reply, ServedBy, error_reply
+from deployments.observability.metrics import Gaps, graph_metrics
 from deployments.text.sse import DONE, responses_error_event, sse_data
 from deployments.transport.replica_assignment import wait_routed
 from deployments.transport.replica_loss import callee_lost, lost_engine_replica, raised_in_tier
@@ -76,6 +78,7 @@ async def respond(
     """
     retries = RETRIES_ON_REPLICA_LOSS
     avoid: tuple[str, ...] = ()
+    started = time.perf_counter()
     while True:
         items = start(avoid)
         if not await wait_routed(items, via):
@@ -103,17 +106,29 @@ async def respond(
         headers = {**(headers or {}), SERVED_BY_HEADER: served_by.replica}
         if served_by.pid is not None:
             headers[REPLICA_PID_HEADER] = str(served_by.pid)
+    metrics = graph_metrics()
     if isinstance(first, Reply):
+        if not first.is_error:
+            metrics.first_item_seconds.observe(
+                time.perf_counter() - started, {"callee": via.deployment_name, "kind": "answer"}
+            )
         return to_http(first, headers)
+    metrics.first_item_seconds.observe(
+        time.perf_counter() - started, {"callee": via.deployment_name, "kind": "stream"}
+    )
 
     async def events() -> AsyncIterator[str]:
+        gaps = Gaps()
         try:
+            gaps.tick()
             yield first
             async for event in items:
+                gaps.tick()
                 yield event
         except Exception as exc:
             # The status line is gone; say so in the stream, as vLLM does.
             logger.warning("stream failed after it started: %r", exc)
+            metrics.stream_errors.inc()
             if on_failure is not None:
                 on_failure(items)
             error = unavailable(f"stream failed: {type(exc).__name__}")

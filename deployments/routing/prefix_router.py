@@ -40,6 +40,7 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.request_router import PendingRequest, ReplicaID, RunningReplica
 
 from deployments.messages.replies import RenderedText
+from deployments.observability.metrics import graph_metrics
 from deployments.routing.block_keys import BlockKeying
 from deployments.routing.engine_blocks import ROUTING_STATS_KEY
 from deployments.routing.pinned_router import PinnedRouter, without_avoided
@@ -99,13 +100,19 @@ class PrefixRouter(PinnedRouter):
         self, candidates: list[RunningReplica], pending: PendingRequest
     ) -> list[RunningReplica]:
         """The replicas to try first for this request, or none (route by load)."""
+        routing = graph_metrics().prefix_routing
         prompt = _prompt(pending)
+        if prompt is None:
+            routing.inc(tags={"outcome": "no_prompt"})
+            return []
         keying = self._keying(candidates)
-        if prompt is None or keying is None:
+        if keying is None:
+            routing.inc(tags={"outcome": "unkeyed"})
             return []
         token_ids, cache_salt = prompt
         keys = keying.keys(token_ids, cache_salt)
         if not keys:
+            routing.inc(tags={"outcome": "no_prompt"})
             return []
         # Remembered even with one candidate: a replica this router has not heard
         # of yet (one just started) is no reason to forget where a conversation went.
@@ -114,11 +121,15 @@ class PrefixRouter(PinnedRouter):
         while len(self._pending_keys) > _PENDING_KEYS_MAX:
             self._pending_keys.popitem(last=False)
         if len(candidates) < 2:
+            routing.inc(tags={"outcome": "single_candidate"})
             return []
         now = time.monotonic()
         match = {r: self._leading_held(r.replica_id, keys, now) for r in candidates}
         loads = {r: self._queue_len(r) for r in candidates}
-        return prefix_choice(len(keys), match, loads, self._imbalance, self._min_match_ratio)
+        chosen = prefix_choice(len(keys), match, loads, self._imbalance, self._min_match_ratio)
+        graph_metrics().prefix_matched_blocks.observe(max(match.values()))
+        routing.inc(tags={"outcome": "prefix" if chosen else "no_match"})
+        return chosen
 
     def on_request_routed(
         self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 from deployments.messages.replies import RenderedText
 from deployments.messages.text_steps import TextResume, TextSteps
+from deployments.observability.metrics import graph_metrics
 from deployments.transport.replica_loss import callee_lost, lost_engine_replica, raised_in_tier
 
 logger = logging.getLogger("ray.serve")
@@ -244,6 +245,7 @@ async def migrating(
             if resumed is None:
                 raise
             moves += 1
+            graph_metrics().migrations.inc()
             why = type(raised_in_tier(exc)).__name__
             logger.warning(
                 "request %s: its Generate replica was lost (%s) after %d tokens; "

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import contextvars
 import math
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from typing import Any
 
 from ray.serve.deployment import Deployment
 from ray.serve.handle import DeploymentHandle
+
+from deployments.observability.metrics import graph_metrics
 
 # A stream's last item in its channel: the stream ended.
 STREAM_END = None
@@ -69,6 +72,7 @@ class Outbox:
 
     def __init__(self) -> None:
         self._items: list[tuple[str, Any]] = []
+        self._oldest = 0.0  # when the first of ``_items`` was put (perf_counter)
         self._wake = asyncio.Event()
         self.closed = False
         self._ending = False
@@ -77,6 +81,8 @@ class Outbox:
         """Queue ``item`` for the channel."""
         if self.closed:
             raise ChannelClosedError("the caller's step channel to this replica is closed")
+        if not self._items:
+            self._oldest = time.perf_counter()
         self._items.append((key, item))
         self._wake.set()
 
@@ -95,6 +101,7 @@ class Outbox:
         """
         loop = asyncio.get_running_loop()
         last_sent = -math.inf
+        metrics = graph_metrics()
         while True:
             try:
                 async with asyncio.timeout(KEEPALIVE_S):
@@ -109,6 +116,8 @@ class Outbox:
             self._wake.clear()
             items, self._items = self._items, []
             if items:
+                metrics.channel_batch_items.observe(len(items))
+                metrics.channel_wait_seconds.observe(time.perf_counter() - self._oldest)
                 yield items
             if self._ending:
                 return

@@ -1,4 +1,5 @@
-"""The graph's ``/metrics``: every engine's vLLM metrics, told apart by replica.
+"""The graph's ``/metrics``: every engine's vLLM metrics, told apart by replica, and
+the graph's own (``observability/``).
 
 Each Generate replica runs its engine in its own process, so each has its own
 vLLM Prometheus registry. The ingress gathers their metric families (one
@@ -28,16 +29,18 @@ def local_vllm_metrics(registry: CollectorRegistry = REGISTRY) -> list[Metric]:
     return [family for family in registry.collect() if family.name.startswith(VLLM_PREFIX)]
 
 
-def exposition(states: Iterable[EngineState]) -> str:
-    """One Prometheus text exposition for every engine in ``states``."""
+def exposition(states: Iterable[EngineState], graph: Iterable[Metric] = ()) -> str:
+    """One Prometheus text exposition for every engine in ``states``, and the graph's
+    own families (``observability/cluster_metrics.py``) after them."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Merged(list(states)))
+    registry.register(_Merged(list(states), list(graph)))
     return generate_latest(registry).decode()
 
 
 class _Merged(Collector):
-    def __init__(self, states: list[EngineState]) -> None:
+    def __init__(self, states: list[EngineState], graph: list[Metric]) -> None:
         self._states = states
+        self._graph = graph
 
     def collect(self) -> Iterator[Metric]:
         unfinished = GaugeMetricFamily(
@@ -59,3 +62,4 @@ class _Merged(Collector):
                     for s in family.samples
                 ]
         yield from families.values()
+        yield from self._graph

@@ -4,6 +4,8 @@ Layers, lowest first; a module may import the project's modules of its own
 layer's package and of lower layers only (lazy imports inside functions count):
 
 0. ``deployments.config``, ``deployments.messages``: nothing of the project;
+   ``deployments.observability``: the graph's metrics, recorded through Ray in every
+   layer and read back from Ray's agents, nothing of the project either;
 1. ``deployments.transport``: Serve's handles and channels, and the one door to
    Serve's private state; ``deployments.scaling``: what CPU tiers report to Serve's
    autoscaler, and the policy it runs on it;
@@ -30,6 +32,7 @@ from deployments.config.graph_config import REPO_ROOT
 LAYERS: dict[str, int] = {
     "config": 0,
     "messages": 0,
+    "observability": 0,
     "transport": 1,
     "scaling": 1,
     "vllm_adapter": 2,

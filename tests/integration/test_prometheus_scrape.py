@@ -1,0 +1,157 @@
+"""The graph's own metrics, scraped by a real Prometheus two ways: the graph's
+``/metrics`` and Ray's metrics agents (a cluster scrape, through the service discovery
+file Ray writes). Each hop's histogram is there, and its count moves by exactly the
+requests sent."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+
+from bench.harness.servers import Server
+from tests.integration.conftest import MODEL
+from tests.support.prometheus import Prometheus, running_prometheus
+
+# Where Ray's head writes its agents' scrape targets (Ray's default temp dir).
+RAY_TARGETS = Path("/tmp/ray/prom_metrics_service_discovery.json")
+# Ray's agents take each process's values every 10 s; a scrape comes every second.
+SETTLED_S = 12.0
+WAIT_S = 60.0
+INLINE, TIER, UNARY = 3, 2, 2
+
+
+def chat(stream: bool) -> dict[str, object]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+        "stream": stream,
+    }
+
+
+# Each check: a family (after ``ray_scaleout_``) and the labels it is read at.
+CHECKS = {
+    "render": ("unary_call_seconds_count", 'deployment="Render",method="chat_text"'),
+    "first_inline": ("first_item_seconds_count", 'callee="Generate",kind="stream"'),
+    "first_tier": ("first_item_seconds_count", 'callee="Derender",kind="stream"'),
+    "first_unary": ("first_item_seconds_count", 'callee="Generate",kind="answer"'),
+    "placed_inline": ("text_placement_total", 'placement="inline",reason="requested"'),
+    "placed_tier": ("text_placement_total", 'placement="tier",reason="requested"'),
+    "refused_400": ("refusals_total", 'status="400"'),
+    # Items and routing decisions: more than one per request, never fewer.
+    "gaps_generate": ("inter_item_seconds_count", 'deployment="Generate"'),
+    "gaps_derender": ("inter_item_seconds_count", 'deployment="Derender"'),
+    "gaps_ingress": ("inter_item_seconds_count", 'deployment="Ingress"'),
+    "channel_batches": ("step_channel_batch_items_count", 'deployment="Derender"'),
+    "routed": ("prefix_routing_total", 'deployment="Ingress"'),
+    "derender_tokens": ("derender_tokens_total", 'deployment="Derender"'),
+}
+
+
+def counts(job: str) -> dict[str, str]:
+    """What each check reads, as PromQL, in one scrape job."""
+    return {
+        check: f'sum(ray_scaleout_{name}{{job="{job}",application="default",{labels}}})'
+        " or vector(0)"
+        for check, (name, labels) in CHECKS.items()
+    }
+
+
+EXACT = {
+    "render": INLINE + TIER + UNARY + 1,  # the bad body is refused by Render
+    "first_inline": INLINE,
+    "first_tier": TIER,
+    "first_unary": UNARY,
+    "placed_inline": INLINE + UNARY,
+    "placed_tier": TIER,
+    "refused_400": 1,
+}
+AT_LEAST = {
+    # every stream yields several items (role, tokens, finish, [DONE])
+    "gaps_generate": INLINE + TIER,
+    "gaps_derender": TIER,
+    "gaps_ingress": INLINE + TIER,
+    "channel_batches": 1,
+    "routed": INLINE + UNARY,
+    "derender_tokens": TIER * 4,
+}
+
+
+def read(prometheus: Prometheus, jobs: list[str]) -> dict[tuple[str, str], float]:
+    return {
+        (job, check): prometheus.value(expression) or 0.0
+        for job in jobs
+        for check, expression in counts(job).items()
+    }
+
+
+def settled(prometheus: Prometheus, jobs: list[str]) -> dict[tuple[str, str], float]:
+    """Every count, once none has moved for ``SETTLED_S`` (what earlier tests sent
+    has reached Ray's agents and both scrapes)."""
+    deadline = time.monotonic() + WAIT_S + SETTLED_S
+    values, since = read(prometheus, jobs), time.monotonic()
+    while time.monotonic() - since < SETTLED_S:
+        assert time.monotonic() < deadline, f"the counts kept moving: {values}"
+        time.sleep(1)
+        now = read(prometheus, jobs)
+        if now != values:
+            values, since = now, time.monotonic()
+    return values
+
+
+def wait_for(check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not check() and time.monotonic() < deadline:
+        time.sleep(1)
+
+
+def test_prometheus_reads_each_hop_for_exactly_the_requests_sent(
+    graph: Server, client: httpx.Client, tmp_path: Path
+) -> None:
+    port = urlsplit(graph.base_url).port
+    scrape_configs = [
+        {"job_name": "graph", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]},
+        {"job_name": "ray", "file_sd_configs": [{"files": [str(RAY_TARGETS)]}]},
+    ]
+    jobs = ["graph", "ray"]
+    with running_prometheus(tmp_path, scrape_configs) as prometheus:
+        def scraped() -> bool:
+            health = prometheus.targets_up().values()
+            return len(health) >= 2 and "unknown" not in health
+
+        wait_for(scraped)
+        targets = prometheus.targets_up()
+        assert set(targets.values()) == {"up"}, targets
+        before = settled(prometheus, jobs)
+
+        for placement, count, stream in (("inline", INLINE, True), ("tier", TIER, True),
+                                         ("inline", UNARY, False)):  # fmt: skip
+            for _ in range(count):
+                response = client.post(
+                    "/v1/chat/completions",
+                    json=chat(stream),
+                    headers={"X-Text-Placement": placement},
+                )
+                assert response.status_code == 200, response.text
+        bad = client.post("/v1/chat/completions", json={"model": MODEL, "messages": "hi"})
+        assert bad.status_code == 400, bad.text
+
+        def delta() -> dict[tuple[str, str], float]:
+            now = read(prometheus, jobs)
+            return {key: now[key] - before[key] for key in now}
+
+        def done() -> bool:
+            moved = delta()
+            return all(moved[job, c] >= n for job in jobs for c, n in {**EXACT, **AT_LEAST}.items())
+
+        wait_for(done)
+        time.sleep(SETTLED_S)  # anything more than was sent would show by now
+        moved = delta()
+        for job in jobs:
+            assert {c: moved[job, c] for c in EXACT} == EXACT, job
+            short = {c: moved[job, c] for c, n in AT_LEAST.items() if moved[job, c] < n}
+            assert not short, (job, short)
