@@ -29,7 +29,7 @@ from typing import Any
 import ray
 from ray.serve import Application
 
-from deployments.config.graph_config import GraphConfig
+from deployments.config.graph_config import EMBEDDED_DEFAULT, GraphConfig
 from deployments.config.serve_env import set_missing_switches
 from deployments.declarations.control_plane import control_plane_deployment
 from deployments.declarations.derender import derender_deployment, derender_max_replicas
@@ -37,13 +37,10 @@ from deployments.declarations.generate import generate_deployment
 from deployments.declarations.ingress import ingress_deployment, ingress_max_replicas
 from deployments.declarations.render import render_deployment
 
-# The embedded default: the tiny model this repo builds, with its parsers.
-EMBEDDED_DEFAULT: dict[str, Any] = {"reasoning_parser": "qwen3", "tool_call_parser": "hermes"}
-
 
 def build_graph(config: GraphConfig) -> Application:
     """Bind the graph for an already-validated config."""
-    control = control_plane_deployment().bind()
+    control = control_plane_deployment().bind(config.observability.metrics)
     render = render_deployment(config).bind(config)
     # Each Derender replica holds a step channel on every Generate replica it streams
     # from, and each Ingress replica one on every Derender replica.

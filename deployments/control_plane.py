@@ -30,7 +30,7 @@ from ray.exceptions import RayActorError
 
 from deployments.config.serve_env import missing_switches, switches_warning
 from deployments.messages.control import CommandKind, ControlCommand, EngineState, HostLoad, Tier
-from deployments.observability.metrics import graph_metrics
+from deployments.observability.metrics import configure_metrics, graph_metrics
 from deployments.transport.serve_internals import ping_actor
 
 logger = logging.getLogger("ray.serve")
@@ -55,7 +55,8 @@ class _Subscriber:
 class ControlPlane:
     """Abort, ``/metrics`` and ``/health`` across every Generate and Derender replica."""
 
-    def __init__(self) -> None:
+    def __init__(self, metrics: bool = True) -> None:
+        configure_metrics(metrics)  # GraphConfig.observability.metrics
         # One replica per graph, started by its node's raylet as every replica is: its
         # environment is what Ray's processes there started with.
         if missing := missing_switches(os.environ):

@@ -64,7 +64,7 @@ from deployments.messages.tier import (
     moved_key,
     prompt_key,
 )
-from deployments.observability.metrics import CpuPerToken, Gaps
+from deployments.observability.metrics import CpuPerToken, Gaps, configure_metrics
 from deployments.render import build_render_state
 from deployments.routing.pinned_router import avoiding
 from deployments.scaling.cpu_load import CpuLoad
@@ -90,6 +90,7 @@ class Derender(ChannelSource):
     async def __init__(  # type: ignore[misc]
         self, config: GraphConfig, generate: DeploymentHandle, control: DeploymentHandle
     ) -> None:
+        configure_metrics(config.observability.metrics)
         self._config = config
         self._coalesce_s = config.stream_coalesce_ms / 1000
         self._load = CpuLoad()

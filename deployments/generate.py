@@ -43,7 +43,7 @@ from deployments.messages.control import ControlCommand, EngineState, HostLoad
 from deployments.messages.replies import RenderedText, served_by
 from deployments.messages.text_steps import TextResume
 from deployments.messages.tier import text_call_key
-from deployments.observability.metrics import Gaps
+from deployments.observability.metrics import Gaps, configure_metrics
 from deployments.routing.block_keys import engine_keying, kv_events_config
 from deployments.routing.engine_blocks import (
     ROUTING_STATS_KEY,
@@ -94,6 +94,7 @@ class Generate(ChannelSource):
     ) -> None:
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 
+        configure_metrics(config.observability.metrics)
         allow_deep_values()  # requests nested as deep as the edge lets through
         self._config = config
         self._coalesce_s = config.stream_coalesce_ms / 1000

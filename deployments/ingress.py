@@ -51,7 +51,7 @@ from deployments.messages.control import HostLoad
 from deployments.messages.replies import RenderedText, Reply
 from deployments.messages.text_steps import TextResume
 from deployments.observability.cluster_metrics import graph_families
-from deployments.observability.metrics import graph_metrics
+from deployments.observability.metrics import configure_metrics, graph_metrics
 from deployments.routing.pinned_router import avoiding
 from deployments.routing.text_placement import AutoPlacement, PlacementReader
 from deployments.transport.migrating_call import MigratingCall
@@ -99,6 +99,7 @@ class Ingress:
         derender: DeploymentHandle,
         control_plane: DeploymentHandle,
     ) -> None:
+        configure_metrics(config.observability.metrics)
         allow_deep_values()  # bodies nested as deep as vLLM takes must cross tiers
         api_key = config.api_key.get_secret_value() if config.api_key else None
         app.state.guard = GuardSettings(

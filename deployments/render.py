@@ -40,6 +40,7 @@ from deployments.edge.replies import answers_ingress, reply_of
 from deployments.edge.validation import parse_body, validate
 from deployments.messages.replies import RenderedText
 from deployments.messages.tier import ParseContext, TextJob
+from deployments.observability.metrics import configure_metrics
 from deployments.scaling.cpu_load import CpuLoad
 from deployments.vllm_adapter.anthropic import MessagesConversion, count_tokens_response
 from deployments.vllm_adapter.engine_args import serve_namespace
@@ -84,6 +85,7 @@ class Render:
     """
 
     async def __init__(self, config: GraphConfig) -> None:  # type: ignore[misc]
+        configure_metrics(config.observability.metrics)
         self._config = config
         self._parsers = {
             "reasoning_parser": config.reasoning_parser is not None,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import psutil
 
 TIERS = ("Generate", "Derender", "Ingress", "proxy", "Render")
+GRAPH_MODES = ("tokens", "inline", "tier")
 
 
 @dataclass
@@ -154,4 +155,35 @@ def report(args: argparse.Namespace, results: list[Result], labels: list[str]) -
     ]
     for label in labels:
         lines += targets(results, label)
+    if len(labels) > 1:
+        lines += ["", *variants(results, labels)]
     return "\n".join(lines) + "\n"
+
+
+def variants(results: list[Result], labels: list[str]) -> list[str]:
+    """Each ``--variant`` against the default graph, mode by mode: the default's CPU
+    per token ÷ the variant's, with and without the engine core (whose spin-wait
+    takes what the serving processes leave idle: ``report``)."""
+    by = {r.mode: r for r in results}
+
+    def total(r: Result) -> float:
+        return r.cpu_s / r.tokens
+
+    def serving(r: Result) -> float:
+        return (r.cpu_s - r.engine_core_s) / r.tokens
+
+    lines = [
+        "The default graph against each variant, CPU per token (default ÷ variant):",
+        "",
+        "| variant | mode | all processes | all processes less engine core |",
+        "|---|---|---|---|",
+    ]
+    for label in labels[1:]:
+        for mode in GRAPH_MODES:
+            if mode in by and f"{label} {mode}" in by:
+                a, b = mode, f"{label} {mode}"
+                lines.append(
+                    f"| {label} | {mode} | {_ratio(by, a, b, total)} | "
+                    f"{_ratio(by, a, b, serving)} |"
+                )
+    return lines

@@ -47,7 +47,8 @@ from bench.harness.servers import (
     running_vllm_as_graph,
 )
 from bench.harness.sse_chunks import json_chunks
-from bench.hostcpu.report import Result, report, row
+from bench.harness.variants import variant_pairs
+from bench.hostcpu.report import GRAPH_MODES, Result, report, row
 from bench.metrics import engine_steps
 from bench.observe import sample, tree_cpu_s
 
@@ -68,7 +69,6 @@ GRAPH_ARGS: dict[str, Any] = {
     "generate": {"num_replicas": 1},
     "derender": {"num_replicas": 1},
 }
-GRAPH_MODES = ("tokens", "inline", "tier")
 ENGINE_CORE = "EngineCore"  # vLLM titles its engine core process VLLM::EngineCore
 
 
@@ -226,11 +226,17 @@ def combined(results: list[Result], label: str) -> Result:
 
 
 def run_graph_modes(
-    work: Path, load: Load, env: dict[str, str], modes: list[str], label: str, repeat: int
+    work: Path,
+    load: Load,
+    env: dict[str, str],
+    modes: list[str],
+    label: str,
+    repeat: int,
+    graph_args: dict[str, str] | None = None,
 ) -> list[Result]:
     """Each mode warmed up, then ``repeat`` rounds of every mode in turn (so the
     host's drift over the run falls on all modes alike), summed per mode."""
-    apps = {"default": ("/", GRAPH_ARGS)}
+    apps = {"default": ("/", {**GRAPH_ARGS, **(graph_args or {})})}
     graph_dir = work / f"graph-{label}"
     graph_dir.mkdir()
     runs: dict[str, list[Result]] = {mode: [] for mode in modes}
@@ -264,7 +270,8 @@ def main() -> None:
         "--variant",
         action="append",
         default=[],
-        help="NAME:K=V,... also run the graph modes with these variables (repeatable)",
+        help="NAME:K=V,... also run the graph modes with these (repeatable): upper-case "
+        "keys are environment variables, lower-case ones graph args (observability.metrics)",
     )
     parser.add_argument("--out", type=Path, default=None, help="write a markdown report here")
     args = parser.parse_args()
@@ -274,22 +281,27 @@ def main() -> None:
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="hostcpu-") as tmp:
         work = Path(tmp)
-        runs = [("", _env_pairs(args.graph_env))]
+        runs: list[tuple[str, dict[str, str], dict[str, str]]] = [
+            ("", _env_pairs(args.graph_env), {})
+        ]
         for variant in args.variant:
             name, _, pairs = variant.partition(":")
-            runs.append((name, {**_env_pairs(args.graph_env), **_env_pairs(pairs)}))
+            env, graph_args = variant_pairs(pairs)
+            runs.append((name, {**_env_pairs(args.graph_env), **env}, graph_args))
         # vLLM's server before and after the graph runs: the spread between the two
         # is this shared host's noise over the run; the targets use both together.
         references: list[Result] = []
         if "vllm" in modes:
             references.append(measure_vllm(work, load, "vllm, before", args.repeat))
-        for label, env in runs:
+        for label, env, graph_args in runs:
             if graph_modes:
-                results += run_graph_modes(work, load, env, graph_modes, label, args.repeat)
+                results += run_graph_modes(
+                    work, load, env, graph_modes, label, args.repeat, graph_args
+                )
         if "vllm" in modes:
             references.append(measure_vllm(work, load, "vllm, after", args.repeat))
             results = [*references, combined(references, "vllm"), *results]
-    text = report(args, results, [label for label, _ in runs])
+    text = report(args, results, [label for label, _, _ in runs])
     print(text)
     if args.out is not None:
         args.out.write_text(text)

@@ -226,6 +226,36 @@ def targets_table(runs: Sequence[ServerRun]) -> list[str]:
     return lines
 
 
+def variants_table(runs: Sequence[ServerRun]) -> list[str]:
+    """``make-run`` against each ``--variant`` round by round: CPU per request, all
+    processes and without the engine (whose spin-wait grows with wall time)."""
+    base = next((r for r in runs if r.label == "make-run"), None)
+    others = [r for r in runs if r.label not in ("vllm", "plain", "make-run", "floor")]
+    if base is None or not others:
+        return []
+    lines = [
+        "| variant | text | concurrency | CPU/request, make-run ÷ variant | without the engine |",
+        "|---|---|---|---|---|",
+    ]
+    for run in others:
+        for mode in _modes(run):
+            for concurrency in _concurrencies(runs):
+                ours = {c.round: c for c in _rounds(base, mode, concurrency)}
+                theirs = {c.round: c for c in _rounds(run, mode, concurrency)}
+                both = sorted(ours.keys() & theirs.keys())
+                if not both:
+                    continue
+                total = [cpu_ms(ours[r]) / cpu_ms(theirs[r]) for r in both]
+                serving = [
+                    cpu_ms(ours[r], engine=False) / cpu_ms(theirs[r], engine=False) for r in both
+                ]
+                lines.append(
+                    f"| {run.label} | {mode} | {concurrency} | {spread(total, '.3f')} | "
+                    f"{spread(serving, '.3f')} |"
+                )
+    return lines
+
+
 def _host() -> str:
     model = ""
     flags = ""
@@ -333,6 +363,8 @@ def report(args: argparse.Namespace, runs: Sequence[ServerRun]) -> str:
         *targets_table(runs),
         "",
     ]
+    if variants := variants_table(runs):
+        out += ["## make-run against each variant", "", *variants, ""]
     if floor := floor_table(runs):
         out += [
             "## Serve's floor against the targets",

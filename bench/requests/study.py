@@ -46,10 +46,11 @@ from bench.harness.servers import (
     running,
     running_vllm,
 )
+from bench.harness.variants import variant_pairs
 from bench.requests.load import ShortChats, closed_loop
 from bench.requests.processes import Memory, cpu_by_kind, memory_by_kind, snapshot
 from bench.requests.report import report
-from deployments.config.graph_config import TINY_MODEL
+from deployments.config.graph_config import EMBEDDED_DEFAULT, TINY_MODEL
 from deployments.config.serve_env import SERVE_ENV
 
 SERVE_PORT = 8000  # `serve run graph:app` takes Serve's default; the import path has no flag
@@ -143,12 +144,22 @@ def measure_server(
 
 @contextmanager
 def graph_server(
-    work: Path, env: dict[str, str], unset: list[str], target: str = "graph:app"
+    work: Path,
+    env: dict[str, str],
+    unset: list[str],
+    target: str = "graph:app",
+    graph_args: dict[str, str] | None = None,
 ) -> Iterator[Server]:
+    """``serve run target``; with ``graph_args``, ``serve run graph:build_app`` with
+    them over ``graph:app``'s own (``EMBEDDED_DEFAULT``)."""
+    command = [target]
+    if graph_args:
+        args = {**EMBEDDED_DEFAULT, **graph_args}
+        command = ["graph:build_app", *(f"{key}={value}" for key, value in args.items())]
     if not port_is_free(SERVE_PORT):
         raise SystemExit(f"port {SERVE_PORT} is taken; `serve run {target}` needs it")
     with running(
-        [str(VENV_BIN / "serve"), "run", target],
+        [str(VENV_BIN / "serve"), "run", *command],
         port=SERVE_PORT,
         log_path=work / "serve.log",
         env={"RAY_USAGE_STATS_ENABLED": "0", **haproxy_side_ports(), **env},
@@ -158,16 +169,19 @@ def graph_server(
         yield server
 
 
-def _pairs(text: str) -> dict[str, str]:
-    return dict(pair.split("=", 1) for pair in text.split(",") if pair)
+GraphVariant = tuple[str, dict[str, str], list[str], dict[str, str]]
 
 
-def graph_variants(variants: list[str]) -> list[tuple[str, dict[str, str], list[str]]]:
-    """(label, environment, names unset) of each graph to run."""
-    runs = [("plain", {}, list(SERVE_ENV)), ("make-run", dict(SERVE_ENV), [])]
+def graph_variants(variants: list[str]) -> list[GraphVariant]:
+    """(label, environment, names unset, graph args) of each graph to run."""
+    runs: list[GraphVariant] = [
+        ("plain", {}, list(SERVE_ENV), {}),
+        ("make-run", dict(SERVE_ENV), [], {}),
+    ]
     for variant in variants:
         name, _, pairs = variant.partition(":")
-        runs.append((name, {**SERVE_ENV, **_pairs(pairs)}, []))
+        env, graph_args = variant_pairs(pairs)
+        runs.append((name, {**SERVE_ENV, **env}, [], graph_args))
     return runs
 
 
@@ -185,7 +199,8 @@ def main() -> None:
         "--variant",
         action="append",
         default=[],
-        help="NAME:K=V,... a graph as make-run with these variables too (repeatable)",
+        help="NAME:K=V,... a graph as make-run with these too (repeatable): upper-case "
+        "keys are environment variables, lower-case ones graph args (observability.metrics)",
     )
     parser.add_argument("--out", type=Path, default=None, help="write the markdown report here")
     parser.add_argument("--json", type=Path, default=None, help="write every cell here")
@@ -205,17 +220,22 @@ def main() -> None:
             ) as server:
                 measure_server(server, run, ["vllm"], args)
             runs.append(run)
-        for label, env, unset in graph_variants(args.variant):
+        for label, env, unset, graph_args in graph_variants(args.variant):
             if label not in chosen:
                 continue
             extra = " ".join(f"{k}={v}" for k, v in env.items() if SERVE_ENV.get(k) != v)
-            command = "serve run graph:app" + (f" ({extra})" if extra else "")
+            command = "serve run graph:app"
+            if graph_args:
+                command = "serve run graph:build_app " + " ".join(
+                    f"{k}={v}" for k, v in {**EMBEDDED_DEFAULT, **graph_args}.items()
+                )
+            command += f" ({extra})" if extra else ""
             if label == "make-run":
                 command += ", make run's switches exported"
             run = ServerRun(label, command)
             graph_dir = work / label
             graph_dir.mkdir()
-            with graph_server(graph_dir, env, unset) as server:
+            with graph_server(graph_dir, env, unset, graph_args=graph_args) as server:
                 measure_server(server, run, list(GRAPH_MODES), args)
             runs.append(run)
         if "floor" in chosen:

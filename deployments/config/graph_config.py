@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from deployments.config.observability import ObservabilityConfig
 from deployments.config.placement import AutoPlacementConfig
 
 if TYPE_CHECKING:
@@ -240,6 +241,10 @@ class GenerateOptions(DeploymentOptions):
         return "prefix" if most > 1 else "pow2"
 
 
+# ``graph:app``: the embedded default model this repo builds, with its parsers.
+EMBEDDED_DEFAULT: dict[str, Any] = {"reasoning_parser": "qwen3", "tool_call_parser": "hermes"}
+
+
 class GraphConfig(_Strict):
     """Everything ``build_app`` accepts."""
 
@@ -287,6 +292,7 @@ class GraphConfig(_Strict):
         "overrides it with the X-Text-Placement header.",
     )
     auto_placement: AutoPlacementConfig = Field(default_factory=AutoPlacementConfig)
+    observability: ObservabilityConfig = Field(default_factory=ObservabilityConfig)
     api_key: SecretStr | None = Field(
         None, description="Bearer key for /v1 and /inference; VLLM_API_KEY if unset."
     )

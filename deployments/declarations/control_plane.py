@@ -10,7 +10,8 @@ CONTROL_PLANE = "deployments.control_plane.ControlPlane"
 
 
 def control_plane_deployment() -> Deployment:
-    """One small replica; no option of the user's config reaches it."""
+    """One small replica; of the user's config, only ``observability.metrics``
+    reaches it (bound with the class)."""
     return declared(
         CONTROL_PLANE,
         name="AbortFanout",

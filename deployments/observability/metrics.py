@@ -206,12 +206,25 @@ class GraphMetrics:
         )
 
 
+_configured = {"enabled": True}
+
+
+def configure_metrics(enabled: bool) -> None:
+    """Whether this process records (``GraphConfig.observability.metrics``): each
+    replica sets it as it starts, before it records anything."""
+    _configured["enabled"] = enabled
+    graph_metrics.cache_clear()
+
+
 @functools.cache
 def graph_metrics() -> GraphMetrics:
-    """This process's metrics (recording nothing outside a Serve replica)."""
+    """This process's metrics (recording nothing outside a Serve replica, or where the
+    graph's config turned them off)."""
     from ray import serve
     from ray.serve.exceptions import RayServeException
 
+    if not _configured["enabled"]:
+        return GraphMetrics(enabled=False)
     try:
         serve.get_replica_context()
     except RayServeException:

@@ -12,9 +12,10 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from bench.harness.prometheus import Prometheus, running_prometheus
 from bench.harness.servers import Server
+from bench.observability.report import DASHBOARD, panel_queries
 from tests.integration.conftest import MODEL
-from tests.support.prometheus import Prometheus, running_prometheus
 
 # Where Ray's head writes its agents' scrape targets (Ray's default temp dir).
 RAY_TARGETS = Path("/tmp/ray/prom_metrics_service_discovery.json")
@@ -119,6 +120,7 @@ def test_prometheus_reads_each_hop_for_exactly_the_requests_sent(
     ]
     jobs = ["graph", "ray"]
     with running_prometheus(tmp_path, scrape_configs) as prometheus:
+
         def scraped() -> bool:
             health = prometheus.targets_up().values()
             return len(health) >= 2 and "unknown" not in health
@@ -155,3 +157,30 @@ def test_prometheus_reads_each_hop_for_exactly_the_requests_sent(
             assert {c: moved[job, c] for c in EXACT} == EXACT, job
             short = {c: moved[job, c] for c, n in AT_LEAST.items() if moved[job, c] < n}
             assert not short, (job, short)
+
+        # The Grafana dashboard on the graph's job: every query Prometheus takes, and
+        # those of what these requests did have data.
+        panels = panel_queries(DASHBOARD, job="graph", application="default", rate_interval="2m")
+        assert {title for title, _ in panels} >= MUST_HAVE_DATA
+        empty = [
+            (title, expression)
+            for title, targets in panels
+            for _, expression in targets
+            if not prometheus.query(expression) and title in MUST_HAVE_DATA
+        ]
+        assert not empty, empty
+
+
+# Panels that the requests above feed (the rest: aborts, refusals' rate window…).
+MUST_HAVE_DATA = {
+    "Text requests by placement",
+    "Render time (Render's unary calls)",
+    "Ingress: call to first item back",
+    "vLLM: queue, prefill, TTFT (engine)",
+    "Inter-item time by tier (p50)",
+    "Inter-item time by tier (p95)",
+    "Derender CPU per token",
+    "Step channels: batch size, oldest event's wait",
+    "vLLM: requests running and waiting",
+    "vLLM: output tokens/s and KV cache use",
+}

@@ -3,8 +3,10 @@ counters, and nothing recorded outside a Serve replica."""
 
 from __future__ import annotations
 
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from deployments.config.graph_config import REPO_ROOT as REPO
 from deployments.observability.cluster_metrics import families_of
 from deployments.observability.metrics import NOTHING, CpuPerToken, GraphMetrics, graph_metrics
 from deployments.vllm_adapter.engine_metrics import exposition
@@ -113,3 +115,24 @@ def test_outside_a_serve_replica_nothing_is_recorded() -> None:
     metrics = graph_metrics()
     assert metrics.inter_item_seconds is NOTHING
     assert metrics.refusals is NOTHING
+
+
+def test_the_podmonitor_samples_select_the_rayservices_pods_and_ports() -> None:
+    monitors = {
+        m["metadata"]["name"]: m["spec"]
+        for m in yaml.safe_load_all((REPO / "k8s/monitoring/podmonitor.yaml").read_text())
+    }
+    service = yaml.safe_load((REPO / "k8s/base/rayservice.yaml").read_text())
+    cluster = service["spec"]["rayClusterConfig"]
+    head = cluster["headGroupSpec"]["template"]
+    # KubeRay labels every pod with its node type; the template's own labels come along.
+    labels = {**head["metadata"]["labels"], "ray.io/node-type": "head"}
+    graph = monitors["scaleout-graph"]
+    assert graph["selector"]["matchLabels"].items() <= labels.items()
+    ports = {p["name"] for c in head["spec"]["containers"] for p in c.get("ports") or ()}
+    assert [e["port"] for e in graph["podMetricsEndpoints"]] == ["serve"]
+    assert "serve" in ports
+    assert graph["podMetricsEndpoints"][0]["path"] == "/metrics"
+    nodes = monitors["scaleout-ray-nodes"]["selector"]["matchLabels"]
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        assert nodes.items() <= group["template"]["metadata"]["labels"].items()

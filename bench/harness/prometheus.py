@@ -1,5 +1,6 @@
-"""A real Prometheus server (Debian's ``prometheus``) for a test: started on a free
-loopback port with a scrape config the test writes, queried over its HTTP API."""
+"""A real Prometheus server (Debian's ``prometheus``, ``make prometheus``) for a test
+or a benchmark: started on a free loopback port with the scrape config given, queried
+over its HTTP API."""
 
 from __future__ import annotations
 
@@ -24,18 +25,35 @@ STARTUP_TIMEOUT_S = 60.0
 class Prometheus:
     url: str
 
-    def query(self, expression: str) -> list[dict[str, Any]]:
-        """An instant query's result vector (``/api/v1/query``)."""
-        response = httpx.get(f"{self.url}/api/v1/query", params={"query": expression})
+    def query(self, expression: str, at: float | None = None) -> list[dict[str, Any]]:
+        """An instant query's result vector (``/api/v1/query``), now or ``at`` (Unix s)."""
+        params: dict[str, Any] = {"query": expression}
+        if at is not None:
+            params["time"] = at
+        response = httpx.get(f"{self.url}/api/v1/query", params=params)
         response.raise_for_status()
         answer = response.json()
         assert answer["status"] == "success", answer
         result: list[dict[str, Any]] = answer["data"]["result"]
         return result
 
-    def value(self, expression: str) -> float | None:
+    def query_range(
+        self, expression: str, start: float, end: float, step_s: float
+    ) -> list[dict[str, Any]]:
+        """A range query's matrix (``/api/v1/query_range``), times in Unix seconds."""
+        response = httpx.get(
+            f"{self.url}/api/v1/query_range",
+            params={"query": expression, "start": start, "end": end, "step": step_s},
+        )
+        response.raise_for_status()
+        answer = response.json()
+        assert answer["status"] == "success", answer
+        result: list[dict[str, Any]] = answer["data"]["result"]
+        return result
+
+    def value(self, expression: str, at: float | None = None) -> float | None:
         """The one value of an expression that yields one series (None: no series)."""
-        result = self.query(expression)
+        result = self.query(expression, at)
         assert len(result) <= 1, result
         return float(result[0]["value"][1]) if result else None
 

@@ -1,0 +1,19 @@
+"""``GraphConfig.observability``: what the graph records of its own work
+(``deployments/observability/``, docs/observability.md)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ObservabilityConfig(BaseModel):
+    """The graph's own metrics, beside each engine's vLLM metrics (always on)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    metrics: bool = Field(
+        True,
+        description="Every replica records the graph's per-hop metrics (ray_scaleout_*, "
+        "exported through Ray's metrics agents and merged into /metrics). Off: none is "
+        "recorded, and /metrics has the engines' vLLM metrics only.",
+    )
