@@ -29,10 +29,43 @@ def _ms(value: float | None) -> str:
 
 
 def _hop_value(hop: dict[str, Any]) -> str:
-    if "items" in hop["name"]:
-        value = hop["value"]
-        return "–" if value is None or math.isnan(value) else f"{value:.1f} items"
-    return f"{_ms(hop['value'])} ms"
+    value = hop["value"]
+    if value is None or math.isnan(value):
+        return "–"
+    if "per output token" in hop["name"]:
+        return f"{value:.2f}"
+    return f"{value:.1f} items" if "items" in hop["name"] else f"{_ms(value)} ms"
+
+
+def cost_section(results: dict[str, Any]) -> list[str]:
+    """What recording the metrics cost in this run: observations per token (read from
+    Prometheus) × one observation's cost (measured in a Serve replica), against the
+    CPU the graph's replica processes spent per token."""
+    rounds = results["observe_cost_us"]
+    cost_us = statistics.median(rounds)
+    lines = [
+        "## What recording them cost",
+        "",
+        f"One observation, timed in a Serve replica through `graph_metrics()` "
+        f"({len(rounds)} rounds): {cost_us:.1f} µs (rounds {min(rounds):.1f}–"
+        f"{max(rounds):.1f}). Against the CPU the graph's Ray workers themselves (replicas "
+        "and Serve's proxy, not the engines under Generate, not Ray's own processes) spent "
+        "per output token in each phase:",
+        "",
+        "| phase | histogram observations per token | replica CPU per token | "
+        "observations' share |",
+        "|---|---|---|---|",
+    ]
+    for phase in results["phases"]:
+        per_token = next(
+            (h["value"] for h in phase["hops"] if h["name"].startswith("histogram obs")), None
+        )
+        if per_token is None or math.isnan(per_token) or not phase["tokens"]:
+            continue
+        cpu_us = phase["replica_cpu_s"] / phase["tokens"] * 1e6
+        share = per_token * cost_us / cpu_us
+        lines.append(f"| {phase['placement']} | {per_token:.2f} | {cpu_us:.0f} µs | {share:.1%} |")
+    return lines
 
 
 def _commit() -> str:
@@ -74,6 +107,7 @@ def report(results: dict[str, Any]) -> str:
             *(f"| {h['name']} | {h['where']} | {_hop_value(h)} |" for h in phase["hops"]),
             "",
         ]
+    lines += [*cost_section(results), ""]
     lines += [
         "## The dashboard over this run",
         "",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import tempfile
 import time
@@ -26,13 +27,26 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from bench.harness.prometheus import Prometheus, running_prometheus
 from bench.harness.servers import running_graph
+from bench.observability.observe_cost import observe_cost_us
 from bench.observability.report import DASHBOARD, draw_dashboard, report
+from bench.observe import graph_workers
 from bench.requests.load import ShortChats, closed_loop
 from deployments.config.graph_config import EMBEDDED_DEFAULT, TINY_MODEL
 
 SETTLE_S = 15.0
+# Every histogram of deployments/observability/metrics.py.
+HISTOGRAMS = (
+    "unary_call_seconds",
+    "first_item_seconds",
+    "inter_item_seconds",
+    "step_channel_batch_items",
+    "step_channel_wait_seconds",
+    "prefix_matched_blocks",
+)
 JOB = "graph"
 APP = "default"
 
@@ -55,6 +69,10 @@ class Phase:
     start: float
     end: float
     requests: int
+    tokens: int = 0
+    replica_cpu_s: float = 0.0
+    """CPU of the graph's replica processes themselves (not the engines under
+    Generate, not Ray's own): where the metrics are recorded."""
     client_ttft_ms: list[float] = field(default_factory=list)
     client_e2e_ms: list[float] = field(default_factory=list)
     hops: list[Hop] = field(default_factory=list)
@@ -84,8 +102,6 @@ def hops(placement: str, window_s: int) -> list[Hop]:
         ("call to first item back", "Ingress", 0.5, "ray_scaleout_first_item_seconds", first),
         ("call to first item back, p95", "Ingress", 0.95, "ray_scaleout_first_item_seconds",
          first),
-        ("queue", "vLLM engine", 0.5, "vllm:request_queue_time_seconds", engines),
-        ("prefill", "vLLM engine", 0.5, "vllm:request_prefill_time_seconds", engines),
         ("time to first token", "vLLM engine", 0.5, "vllm:time_to_first_token_seconds",
          engines),
         ("inter-token latency", "vLLM engine", 0.5, "vllm:inter_token_latency_seconds",
@@ -106,6 +122,24 @@ def hops(placement: str, window_s: int) -> list[Hop]:
             ]  # fmt: skip
     out = [Hop(name, where, _quantile(q, family, labels, window_s))
            for name, where, q, family, labels in quantiles]  # fmt: skip
+    # vLLM's queue and prefill buckets start at 0.3 s: a quantile under it reads the
+    # bucket's middle. Their means, from the sums and counts, say more.
+    for name, family in (
+        ("prefill, mean", "vllm:request_prefill_time_seconds"),
+        ("queue, mean", "vllm:request_queue_time_seconds"),
+    ):  # after first items
+        total = f'sum(increase({family}_sum{{job="{JOB}"}}[{window_s}s]))'
+        count = f'sum(increase({family}_count{{job="{JOB}"}}[{window_s}s]))'
+        out.insert(3, Hop(name, "vLLM engine", f"{total} / {count}"))
+    # One family at a time: increase() over several names would drop the names and
+    # clash; a family with no series counts 0.
+    observations = " + ".join(
+        f"({_increase(f'ray_scaleout_{family}_count', window_s)} or vector(0))"
+        for family in HISTOGRAMS
+    )
+    tokens = f'sum(increase(vllm:generation_tokens_total{{job="{JOB}"}}[{window_s}s]))'
+    out.append(Hop("histogram observations per output token", "every tier",
+                   f"({observations}) / {tokens}"))  # fmt: skip
     if placement == "tier":
         cpu = _increase("ray_scaleout_derender_cpu_seconds_total", window_s)
         tokens = _increase("ray_scaleout_derender_tokens_total", window_s)
@@ -122,12 +156,24 @@ def read_phase(prometheus: Prometheus, phase: Phase) -> None:
         hop.value = prometheus.value(hop.expression, at)
 
 
+def replica_cpu_s(port: int) -> float:
+    """CPU seconds so far of the graph's Ray workers (its replicas, Serve's proxy)."""
+    total = 0.0
+    for process in graph_workers(port):
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
+
+
 def run_phase(base_url: str, placement: str, args: argparse.Namespace) -> Phase:
     load = ShortChats(str(TINY_MODEL), args.tokens)
     headers = {"X-Text-Placement": placement}
-    start = time.time()
+    port = int(base_url.rsplit(":", 1)[1])
+    cpu_before, start = replica_cpu_s(port), time.time()
     timings, _ = asyncio.run(closed_loop(base_url, load, args.concurrency, args.requests, headers))
-    phase = Phase(placement, start, time.time(), len(timings))
+    phase = Phase(placement, start, time.time(), len(timings), len(timings) * args.tokens)
+    phase.replica_cpu_s = replica_cpu_s(port) - cpu_before
     phase.client_ttft_ms = [t.ttft_s * 1000 for t in timings]
     phase.client_e2e_ms = [t.e2e_s * 1000 for t in timings]
     print(f"{placement}: {len(timings)} chats in {phase.end - start:.1f} s", flush=True)
@@ -167,8 +213,10 @@ def main() -> None:
                 run_end = time.time()
                 image = args.out / "dashboard.png"
                 draw_dashboard(prometheus, DASHBOARD, run_start, run_end, image, JOB, APP)
+    # After the graph: a local Ray of its own measures one observation's cost.
     results: dict[str, Any] = {"args": vars(args) | {"out": str(args.out)},
-                               "phases": [asdict(p) for p in phases]}  # fmt: skip
+                               "phases": [asdict(p) for p in phases],
+                               "observe_cost_us": observe_cost_us()}  # fmt: skip
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     text = report(results)
     (args.out / "breakdown.md").write_text(text)

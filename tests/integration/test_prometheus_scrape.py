@@ -176,7 +176,7 @@ MUST_HAVE_DATA = {
     "Text requests by placement",
     "Render time (Render's unary calls)",
     "Ingress: call to first item back",
-    "vLLM: queue, prefill, TTFT (engine)",
+    "vLLM: queue, prefill (means), TTFT (engine)",
     "Inter-item time by tier (p50)",
     "Inter-item time by tier (p95)",
     "Derender CPU per token",
