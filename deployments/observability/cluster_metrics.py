@@ -44,8 +44,13 @@ def agent_urls() -> list[str]:
 
 async def graph_families(application: str) -> list[Metric]:
     """This application's ``ray_scaleout_*`` families from every node's agent; an
-    agent that does not answer is left out (logged), as a scrape target that is down."""
-    urls = await asyncio.to_thread(agent_urls)
+    agent that does not answer is left out (logged), as a scrape target that is down,
+    and none at all (the GCS unreachable) leaves ``/metrics`` with vLLM's alone."""
+    try:
+        urls = await asyncio.to_thread(agent_urls)
+    except Exception as exc:
+        logger.warning("no node list for the graph's metrics: %r", exc)
+        return []
     async with httpx.AsyncClient(timeout=AGENT_TIMEOUT_S) as client:
         answers = await asyncio.gather(*(client.get(url) for url in urls), return_exceptions=True)
     texts = []

@@ -143,7 +143,8 @@ class GraphMetrics:
             "scaleout_prefix_routing_total",
             "Prefix-aware routing to Generate, by outcome: prefix (sent where its "
             "prefix is cached), no_match (no replica holds enough of it), "
-            "single_candidate, no_prompt (nothing to key: text, multimodal), unkeyed "
+            "single_candidate, no_prompt (nothing to key: multimodal, a prompt shorter than a "
+            "block, a body Generate validates), unkeyed "
             "(the replicas' block keying is not known yet).",
             ("outcome",),
         )

@@ -3,10 +3,14 @@ counters, and nothing recorded outside a Serve replica."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from deployments.config.graph_config import REPO_ROOT as REPO
+from deployments.observability import cluster_metrics
 from deployments.observability.cluster_metrics import families_of
 from deployments.observability.metrics import NOTHING, CpuPerToken, GraphMetrics, graph_metrics
 from deployments.vllm_adapter.engine_metrics import exposition
@@ -136,3 +140,11 @@ def test_the_podmonitor_samples_select_the_rayservices_pods_and_ports() -> None:
     nodes = monitors["scaleout-ray-nodes"]["selector"]["matchLabels"]
     for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
         assert nodes.items() <= group["template"]["metadata"]["labels"].items()
+
+
+def test_without_a_node_list_metrics_has_no_graph_families(monkeypatch: Any) -> None:
+    def unreachable() -> list[str]:
+        raise ConnectionError("GCS down")
+
+    monkeypatch.setattr(cluster_metrics, "agent_urls", unreachable)
+    assert asyncio.run(cluster_metrics.graph_families("default")) == []
