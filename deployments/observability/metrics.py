@@ -155,7 +155,7 @@ class GraphMetrics:
             "scaleout_prefix_matched_blocks",
             "Prefix-aware routing: the leading KV blocks of a prompt the best replica "
             "holds, per request compared across two replicas or more.",
-            [0.0, *COUNT_BUCKETS],
+            [0.5, *COUNT_BUCKETS],  # Ray takes no bound ≤ 0: none matched is ≤ 0.5,
         )
 
     @functools.cached_property

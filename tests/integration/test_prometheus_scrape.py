@@ -48,7 +48,9 @@ CHECKS = {
     "gaps_derender": ("inter_item_seconds_count", 'deployment="Derender"'),
     "gaps_ingress": ("inter_item_seconds_count", 'deployment="Ingress"'),
     "channel_batches": ("step_channel_batch_items_count", 'deployment="Derender"'),
-    "routed": ("prefix_routing_total", 'deployment="Ingress"'),
+    # Two Generate replicas: each inline request's prefix is compared across them.
+    "compared": ("prefix_routing_total", 'deployment="Ingress",outcome=~"prefix|no_match"'),
+    "matched_blocks": ("prefix_matched_blocks_count", 'deployment="Ingress"'),
     "derender_tokens": ("derender_tokens_total", 'deployment="Derender"'),
 }
 
@@ -77,7 +79,8 @@ AT_LEAST = {
     "gaps_derender": TIER,
     "gaps_ingress": INLINE + TIER,
     "channel_batches": 1,
-    "routed": INLINE + UNARY,
+    "compared": INLINE + UNARY,
+    "matched_blocks": INLINE + UNARY,
     "derender_tokens": TIER * 4,
 }
 
