@@ -28,7 +28,8 @@ INLINE, TIER, UNARY = 3, 2, 2
 def chat(stream: bool) -> dict[str, object]:
     return {
         "model": MODEL,
-        "messages": [{"role": "user", "content": "hi"}],
+        # Several KV blocks long, so the prefix router compares the Generate replicas.
+        "messages": [{"role": "user", "content": "hello there " * 60}],
         "max_tokens": 4,
         "stream": stream,
     }
@@ -48,7 +49,9 @@ CHECKS = {
     "gaps_derender": ("inter_item_seconds_count", 'deployment="Derender"'),
     "gaps_ingress": ("inter_item_seconds_count", 'deployment="Ingress"'),
     "channel_batches": ("step_channel_batch_items_count", 'deployment="Derender"'),
-    # Two Generate replicas: each inline request's prefix is compared across them.
+    "routed": ("prefix_routing_total", 'deployment="Ingress"'),
+    # Two Generate replicas: a request's prefix is compared across them once the
+    # router knows their block keying (until then: unkeyed).
     "compared": ("prefix_routing_total", 'deployment="Ingress",outcome=~"prefix|no_match"'),
     "matched_blocks": ("prefix_matched_blocks_count", 'deployment="Ingress"'),
     "derender_tokens": ("derender_tokens_total", 'deployment="Derender"'),
@@ -79,8 +82,9 @@ AT_LEAST = {
     "gaps_derender": TIER,
     "gaps_ingress": INLINE + TIER,
     "channel_batches": 1,
-    "compared": INLINE + UNARY,
-    "matched_blocks": INLINE + UNARY,
+    "routed": INLINE + UNARY,
+    "compared": 1,
+    "matched_blocks": 1,
     "derender_tokens": TIER * 4,
 }
 
