@@ -132,8 +132,8 @@ def test_prometheus_reads_each_hop_for_exactly_the_requests_sent(
     with running_prometheus(tmp_path, scrape_configs) as prometheus:
 
         def scraped() -> bool:
-            health = set(prometheus.targets_up().values())
-            return len(prometheus.targets_up()) >= 2 and health == {"up"}
+            targets = prometheus.targets_up()
+            return len(targets) >= 2 and set(targets.values()) == {"up"}
 
         wait_for(scraped)  # a scrape that failed once (a slow answer) is tried again
         targets = prometheus.targets_up()
