@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -32,7 +31,6 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 from vllm.entrypoints.openai.chat_completion.protocol import (
     ChatCompletionResponse,
-    ChatCompletionStreamResponse,
 )
 from vllm.entrypoints.openai.completion.protocol import CompletionResponse
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
@@ -55,27 +53,30 @@ from deployments.edge.validation import named_by_header, validate
 from deployments.messages.control import ControlCommand, HostLoad
 from deployments.messages.replies import RenderedText, served_by
 from deployments.messages.tier import (
-    DerenderChoice,
-    DerenderStreamChoice,
-    GenerateDerenderResponse,
-    GenerateDerenderStreamResponse,
     ParseContext,
     TextJob,
     moved_key,
     prompt_key,
 )
 from deployments.observability.metrics import CpuPerToken, Gaps, configure_metrics
+from deployments.observability.tracing import (
+    Carrier,
+    configure_tracing,
+    span_attributes,
+    traced_stream,
+)
 from deployments.render import build_render_state
 from deployments.routing.pinned_router import avoiding
 from deployments.scaling.cpu_load import CpuLoad
 from deployments.scaling.host_load import HostSampler
+from deployments.text.derender_output import derender_event, derender_response
 from deployments.text.output import ChunkEvent, TextOutput, openai_event, tokens_request
-from deployments.text.sse import sse_event
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from deployments.transport.leaving import LeaveWatch
 from deployments.transport.migration import migrating
 from deployments.transport.replica_assignment import wait_routed
 from deployments.transport.replica_loss import ReplicaLeavingError
+from deployments.transport.serve_internals import serve_request_id
 from deployments.transport.step_channel import ChannelSource, Outboxes, StepChannels
 from deployments.vllm_adapter.internals import client_request_id
 
@@ -91,6 +92,7 @@ class Derender(ChannelSource):
         self, config: GraphConfig, generate: DeploymentHandle, control: DeploymentHandle
     ) -> None:
         configure_metrics(config.observability.metrics)
+        configure_tracing(config.observability.otlp_traces_endpoint, "Derender")
         self._config = config
         self._coalesce_s = config.stream_coalesce_ms / 1000
         self._load = CpuLoad()
@@ -129,13 +131,15 @@ class Derender(ChannelSource):
             raise ReplicaLeavingError(self._replica)
 
     async def _generate_events(
-        self, request: GenerateRequest, key: str
+        self, request: GenerateRequest, key: str, trace: Carrier | None
     ) -> AsyncGenerator[Any, None]:
         """Generate's items for ``request``, which go on on another replica if the
-        one that took it is lost (``transport/migration.py``)."""
+        one that took it is lost (``transport/migration.py``); ``trace``: the context
+        of the span they are made for."""
         moves = itertools.count()
+        traced = {} if trace is None else {"trace": trace}
         items = migrating(
-            lambda current, avoid: self._generate_call(current, key, avoid, next(moves)),
+            lambda current, avoid: self._generate_call(current, key, avoid, next(moves), traced),
             request,
             self._config.generate.migration_limit,
         )
@@ -144,7 +148,12 @@ class Derender(ChannelSource):
                 yield item
 
     async def _generate_call(
-        self, request: GenerateRequest, key: str, avoid: tuple[str, ...], move: int = 0
+        self,
+        request: GenerateRequest,
+        key: str,
+        avoid: tuple[str, ...],
+        move: int = 0,
+        traced: dict[str, Carrier] | None = None,
     ) -> AsyncGenerator[Any, None]:
         """One Generate call for ``request``, on a replica not in ``avoid``: a
         stream's events arrive on this replica's step channel to the Generate
@@ -152,7 +161,11 @@ class Derender(ChannelSource):
         the caller's ``key``, by which the caller ends it should this replica die.
         ``move``: how many times the stream moved before (``transport/migration.py``)."""
         call = self._generate_channels.call(
-            "generate_on_channel", request, key=moved_key(key, move), **avoiding(avoid)
+            "generate_on_channel",
+            request,
+            key=moved_key(key, move),
+            **avoiding(avoid),
+            **(traced or {}),
         )
         patience_s = self._config.generate.migration_wait_s if move else 0.0
         try:
@@ -171,25 +184,49 @@ class Derender(ChannelSource):
         """Tier placement: OpenAI chat/completion output for a rendered request,
         a stream's events on the caller's step channel."""
         self._refuse_if_leaving()
-        items = self._text_items(rendered.open(), openai_event, key)
+        items = self._text_items(rendered.open(), openai_event, key, trace=rendered.trace)
         marked = _prepend(served_by("tier", with_pid=self._config.expose_replica_pid), items)
         async for item in self._outboxes.bind(ingress_items(marked), caller, key):
             yield item
 
-    async def _text_items(
-        self, job: TextJob, event: ChunkEvent, key: str, role_chunk: bool = True
+    def _text_items(
+        self,
+        job: TextJob,
+        event: ChunkEvent,
+        key: str,
+        role_chunk: bool = True,
+        trace: Carrier | None = None,
     ) -> AsyncGenerator[Any, None]:
         """The job's output, each stream chunk written by ``event`` (not coalesced:
-        the step channel batches it); ``role_chunk`` as ``TextOutput.stream``."""
+        the step channel batches it); ``role_chunk`` as ``TextOutput.stream``; in a
+        ``derender`` span under ``trace`` (the caller's)."""
+        attributes = span_attributes(
+            job.generate_request.request_id, serve_request_id, placement="tier"
+        )
+        return traced_stream(
+            "derender",
+            trace,
+            attributes,
+            lambda carrier: self._job_items(job, event, key, role_chunk, carrier),
+        )
+
+    async def _job_items(
+        self,
+        job: TextJob,
+        event: ChunkEvent,
+        key: str,
+        role_chunk: bool,
+        trace: Carrier | None,
+    ) -> AsyncGenerator[Any, None]:
         stream = bool(job.generate_request.stream)
         stream_id = job.generate_request.request_id
         self._streams[stream_id] = self._streams.get(stream_id, 0) + 1
         if job.batch is None:
-            sources = [self._generate_events(tokens_request(job, stream=stream), key)]
+            sources = [self._generate_events(tokens_request(job, stream=stream), key, trace)]
         else:  # one Generate call per prompt, each routed on its own, as vLLM's batch
             sources = [
                 self._generate_events(
-                    tokens_request(job, stream=stream, prompt=prompt), prompt_key(key, i)
+                    tokens_request(job, stream=stream, prompt=prompt), prompt_key(key, i), trace
                 )
                 for i, prompt in enumerate(job.batch)
             ]
@@ -259,19 +296,26 @@ class Derender(ChannelSource):
             channels.stop()
 
     async def generate_derender_on_channel(
-        self, body: dict[str, Any], context: Any, header_id: str | None, caller: str, key: str
+        self,
+        body: dict[str, Any],
+        context: Any,
+        header_id: str | None,
+        caller: str,
+        key: str,
+        trace: Carrier | None = None,
     ) -> AsyncIterator[Any]:
         """``output_mode: "derender"``: the parsed assistant message, unary or
         streamed, a stream's events on the caller's step channel. ``body`` is the
         generate body, ``context`` its ``parse_context``, as the client sent them,
-        ``header_id`` its ``X-Request-Id``."""
+        ``header_id`` its ``X-Request-Id``; ``trace``, the Ingress's span."""
         self._refuse_if_leaving()
-        items = ingress_items(self._derender_items(named_by_header(body, header_id), context, key))
+        named = named_by_header(body, header_id)
+        items = ingress_items(self._derender_items(named, context, key, trace))
         async for item in self._outboxes.bind(items, caller, key):
             yield item
 
     async def _derender_items(
-        self, body: dict[str, Any], context: Any, key: str
+        self, body: dict[str, Any], context: Any, key: str, trace: Carrier | None
     ) -> AsyncGenerator[Any, None]:
         request = validate({**body, "output_mode": "tokens"}, GenerateRequest)
         if not request.sampling_params.detokenize:
@@ -283,10 +327,10 @@ class Derender(ChannelSource):
         # come whenever the generate request asks the engine for them).
         chat.return_token_ids = True
         job = TextJob(generate_request=request, chat_request=chat, model_name=model)
-        texts = self._text_items(job, _derender_event, key, role_chunk=False)
+        texts = self._text_items(job, derender_event, key, role_chunk=False, trace=trace)
         async with contextlib.aclosing(texts) as items:
             async for item in items:
-                yield _derender_response(item) if isinstance(item, ChatCompletionResponse) else item
+                yield derender_response(item) if isinstance(item, ChatCompletionResponse) else item
 
     @answers_ingress
     async def derender_chat(
@@ -327,47 +371,3 @@ async def _prepend(first: Any, rest: AsyncGenerator[Any, None]) -> AsyncGenerato
     async with contextlib.aclosing(rest) as items:
         async for item in items:
             yield item
-
-
-def _derender_response(response: ChatCompletionResponse) -> GenerateDerenderResponse:
-    return GenerateDerenderResponse(
-        request_id=response.id,
-        created=response.created,
-        model=response.model,
-        choices=[
-            DerenderChoice(
-                index=c.index,
-                message=c.message,
-                finish_reason=c.finish_reason,
-                stop_reason=c.stop_reason,
-                token_ids=c.token_ids,
-                logprobs=c.logprobs,
-            )
-            for c in response.choices
-        ],
-        usage=response.usage,
-    )
-
-
-def _derender_event(chunk: Any) -> str:
-    """A chat chunk as the same step of a ``derender`` stream, written once."""
-    assert isinstance(chunk, ChatCompletionStreamResponse)
-    return sse_event(
-        GenerateDerenderStreamResponse(
-            request_id=chunk.id,
-            created=chunk.created or int(time.time()),
-            model=chunk.model,
-            choices=[
-                DerenderStreamChoice(
-                    index=c.index,
-                    delta=c.delta,
-                    finish_reason=c.finish_reason,
-                    stop_reason=c.stop_reason,
-                    token_ids=c.token_ids,
-                    logprobs=c.logprobs,
-                )
-                for c in chunk.choices
-            ],
-            usage=chunk.usage,
-        )
-    )

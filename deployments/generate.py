@@ -43,7 +43,9 @@ from deployments.messages.control import ControlCommand, EngineState, HostLoad
 from deployments.messages.replies import RenderedText, served_by
 from deployments.messages.text_steps import TextResume
 from deployments.messages.tier import text_call_key
+from deployments.observability import tracing
 from deployments.observability.metrics import Gaps, configure_metrics
+from deployments.observability.tracing import Carrier
 from deployments.routing.block_keys import engine_keying, kv_events_config
 from deployments.routing.engine_blocks import (
     ROUTING_STATS_KEY,
@@ -58,17 +60,13 @@ from deployments.transport.coalesce import coalesced
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from deployments.transport.leaving import LeaveWatch
 from deployments.transport.replica_loss import EngineLostError, ReplicaLeavingError
+from deployments.transport.serve_internals import serve_request_id
 from deployments.transport.step_channel import ChannelSource, Outboxes
 from deployments.vllm_adapter.engine_args import serve_namespace
 from deployments.vllm_adapter.engine_metrics import local_vllm_metrics
 from deployments.vllm_adapter.engine_start import replica_cores, start_vllm_engine
-from deployments.vllm_adapter.engine_streams import EngineCall, record_streams
-from deployments.vllm_adapter.internals import (
-    ENGINE_APP_STATE_NAMES,
-    checked_app_state,
-    engine_request_id,
-    live_request_ids,
-)
+from deployments.vllm_adapter.engine_streams import EngineCall, abort_held, record_streams
+from deployments.vllm_adapter.internals import ENGINE_APP_STATE_NAMES, checked_app_state
 from deployments.vllm_adapter.serve_logging import serve_log_kept
 from deployments.vllm_adapter.worker_fork import remember_worker_start
 
@@ -95,6 +93,7 @@ class Generate(ChannelSource):
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 
         configure_metrics(config.observability.metrics)
+        tracing.configure_tracing(config.observability.otlp_traces_endpoint, "Generate")
         allow_deep_values()  # requests nested as deep as the edge lets through
         self._config = config
         self._coalesce_s = config.stream_coalesce_ms / 1000
@@ -184,46 +183,67 @@ class Generate(ChannelSource):
                 call.cancel()
 
     async def generate(
-        self, body: dict[str, Any], header_id: str | None, avoid: tuple[str, ...] = ()
+        self,
+        body: dict[str, Any],
+        header_id: str | None,
+        avoid: tuple[str, ...] = (),
+        trace: Carrier | None = None,
     ) -> AsyncIterator[Any]:
         """``/inference/v1/generate`` (``tokens`` and ``text``), the body as the client
         sent it and its ``X-Request-Id``: SSE events if ``stream``, else one reply.
-        ``avoid`` is for the router (``PinnedRouter``), here as in every method below."""
-        async for item in ingress_items(self._generate_body(body, header_id)):
+        ``avoid`` is for the router (``PinnedRouter``), here as in every method below;
+        ``trace``, the caller's span (``observability/tracing.py``)."""
+        async for item in ingress_items(self._generate_body(body, header_id, trace)):
             yield item
 
     async def _generate_body(
-        self, body: dict[str, Any], header_id: str | None
+        self, body: dict[str, Any], header_id: str | None, trace: Carrier | None
     ) -> AsyncGenerator[Any, None]:
         request = validate(named_by_header(body, header_id), GenerateRequest)
-        async with contextlib.aclosing(self._generate_items(request, self._coalesce_s)) as items:
-            async for item in items:
+        items = self._generate_items(request, self._coalesce_s, trace=trace)
+        async with contextlib.aclosing(items) as answered:
+            async for item in answered:
                 yield item
 
     async def generate_on_channel(
-        self, request: GenerateRequest, caller: str, key: str, avoid: tuple[str, ...] = ()
+        self,
+        request: GenerateRequest,
+        caller: str,
+        key: str,
+        avoid: tuple[str, ...] = (),
+        trace: Carrier | None = None,
     ) -> AsyncIterator[Any]:
         """``generate`` with the stream's events on the caller's step channel."""
-        async for item in self._outboxes.bind(self._generate_items(request, key=key), caller, key):
+        items = self._generate_items(request, key=key, trace=trace)
+        async for item in self._outboxes.bind(items, caller, key):
             yield item
 
     async def _generate_items(
-        self, request: GenerateRequest, coalesce_s: float | None = None, key: str | None = None
+        self,
+        request: GenerateRequest,
+        coalesce_s: float | None = None,
+        key: str | None = None,
+        trace: Carrier | None = None,
     ) -> AsyncGenerator[str | GenerateResponseBase | ErrorResponse, None]:
-        call = self._open(key)
-        try:
-            with call.opening():
-                result = await self._serve_tokens(request, call)
-            if isinstance(result, (ErrorResponse, GenerateResponseBase)):
-                yield result
-                return
-            # Closed here, not left to the collector: a coalescing task may be reading
-            # the engine's stream, which then could not be closed under it.
-            async with contextlib.aclosing(coalesced(result, coalesce_s)) as events:
-                async for event in events:
-                    yield event
-        finally:
-            await self._close(call, key)
+        with tracing.traced(
+            "generate",
+            trace,
+            attributes=tracing.span_attributes(request.request_id, serve_request_id),
+        ) as span:
+            call = self._open(key, trace=tracing.carrier_of(span))
+            try:
+                with call.opening():
+                    result = await self._serve_tokens(request, call)
+                if isinstance(result, (ErrorResponse, GenerateResponseBase)):
+                    yield result
+                    return
+                # Closed here, not left to the collector: a coalescing task may be reading
+                # the engine's stream, which then could not be closed under it.
+                async with contextlib.aclosing(coalesced(result, coalesce_s)) as events:
+                    async for event in events:
+                        yield event
+            finally:
+                await self._close(call, key)
 
     async def _serve_tokens(
         self, request: GenerateRequest, call: EngineCall
@@ -276,8 +296,10 @@ class Generate(ChannelSource):
         if self._engine.errored:
             raise EngineLostError(self._replica) from error
 
-    def _open(self, key: str | None, movable: bool = True) -> EngineCall:
-        call = EngineCall(movable)
+    def _open(
+        self, key: str | None, movable: bool = True, trace: Carrier | None = None
+    ) -> EngineCall:
+        call = EngineCall(movable, trace)
         self._running.add(call)
         if key is not None:
             self._calls[key] = call
@@ -316,22 +338,28 @@ class Generate(ChannelSource):
         job = rendered.open()
         if resume is None:  # a moved stream's client has its headers
             yield served_by("inline", with_pid=self._config.expose_replica_pid)
-        call = self._open(None, movable=inline_call_movable(job))
+        attributes = tracing.span_attributes(
+            rendered.request_id, serve_request_id, placement="inline"
+        )
+        with tracing.traced("generate", rendered.trace, attributes=attributes) as span:
+            call = self._open(
+                None, movable=inline_call_movable(job), trace=tracing.carrier_of(span)
+            )
 
-        def serve(request: GenerateRequest) -> Awaitable[Any]:
-            return self._serve_tokens(request, call)
+            def serve(request: GenerateRequest) -> Awaitable[Any]:
+                return self._serve_tokens(request, call)
 
-        try:
-            items = self._inline.items(job, resume, serve, call.opening)
-            async with contextlib.aclosing(items) as answered:
-                async for item in answered:
-                    yield item
-        finally:
-            await self._close(call, None)
+            try:
+                items = self._inline.items(job, resume, serve, call.opening)
+                async with contextlib.aclosing(items) as answered:
+                    async for item in answered:
+                        yield item
+            finally:
+                await self._close(call, None)
 
     async def _on_control(self, command: ControlCommand) -> int | EngineState | HostLoad | None:
         if command.kind == "abort":
-            return await self._abort(command.request_ids)
+            return await abort_held(self._engine, command.request_ids)
         if command.kind == "engine_state":
             return self._engine_state()
         if command.kind == "abort_calls":
@@ -348,20 +376,6 @@ class Generate(ChannelSource):
         for call in calls:
             call.cancel()
         return len(calls)
-
-    async def _abort(self, request_ids: list[str]) -> int:
-        """Abort these requests if this engine holds them; returns how many it held.
-
-        Clients send the id they got back: ``generate-tokens-…`` from
-        ``/inference/v1/generate``, ``chatcmpl-…``/``cmpl-…`` from the OpenAI
-        routes. Both name the same engine request.
-        """
-        wanted = {engine_request_id(i) for i in request_ids} | set(request_ids)
-        engine_ids = sorted(wanted)
-        live = live_request_ids(self._engine)
-        held = [i for i in engine_ids if live.get(i)]
-        await self._engine.abort(engine_ids)
-        return len(held)
 
     def _engine_state(self) -> EngineState:
         """This replica's engine for ``/metrics``: what it holds now, and vLLM's metrics."""

@@ -39,6 +39,7 @@ from deployments.edge.errors import (
 from deployments.edge.guard import GuardSettings, crossing_body_cap, install_guard
 from deployments.edge.json_body import allow_deep_values
 from deployments.edge.placement import AUTO_REASON_HEADER, PLACEMENT_HEADER, requested_placement
+from deployments.edge.request_spans import install_request_spans
 from deployments.edge.shared_call import SharedCall
 from deployments.edge.tier_calls import (
     anthropic_stream_error,
@@ -52,6 +53,7 @@ from deployments.messages.replies import RenderedText, Reply
 from deployments.messages.text_steps import TextResume
 from deployments.observability.cluster_metrics import graph_families
 from deployments.observability.metrics import configure_metrics, graph_metrics
+from deployments.observability.tracing import configure_tracing, trace_kwargs
 from deployments.routing.pinned_router import avoiding
 from deployments.routing.text_placement import AutoPlacement, PlacementReader
 from deployments.transport.migrating_call import MigratingCall
@@ -69,6 +71,7 @@ REQUEST_ID_HEADER = "X-Request-Id"
 app = FastAPI(title="scaleout-serve")
 install_exception_handlers(app)
 install_guard(app)
+install_request_spans(app)
 
 
 async def _awaited(response: Any) -> Any:
@@ -77,7 +80,14 @@ async def _awaited(response: Any) -> Any:
 
 async def _unary(raw: Request, method: DeploymentHandle) -> Response:
     """The body, as the client sent it, → one tier call (which validates it) → JSON."""
-    return JSONResponse(await call(method.remote(await json_bytes(raw)), method))
+    return JSONResponse(await _body_call(raw, method, with_id=False))
+
+
+async def _body_call(raw: Request, method: DeploymentHandle, with_id: bool = True) -> Any:
+    """``method``'s answer for the body as the client sent it (and its ``X-Request-Id``,
+    ``with_id``), called under the request's span (``observability/tracing.py``)."""
+    args = (await json_bytes(raw), _header_id(raw)) if with_id else (await json_bytes(raw),)
+    return await call(method.remote(*args, **trace_kwargs()), method)
 
 
 def _header_id(raw: Request) -> str | None:
@@ -100,6 +110,7 @@ class Ingress:
         control_plane: DeploymentHandle,
     ) -> None:
         configure_metrics(config.observability.metrics)
+        configure_tracing(config.observability.otlp_traces_endpoint, "Ingress")
         allow_deep_values()  # bodies nested as deep as vLLM takes must cross tiers
         api_key = config.api_key.get_secret_value() if config.api_key else None
         app.state.guard = GuardSettings(
@@ -201,20 +212,17 @@ class Ingress:
     @app.post("/v1/chat/completions/render")
     async def render_chat(self, raw: Request) -> Response:
         """vLLM's render output, plus ``parse_context`` for ``output_mode: derender``."""
-        render = self._render.render_chat.remote(await json_bytes(raw), _header_id(raw))
-        return JSONResponse(await call(render, self._render))
+        return JSONResponse(await _body_call(raw, self._render.render_chat))
 
     @app.post("/v1/completions/render")
     async def render_completion(self, raw: Request) -> Response:
-        render = self._render.render_completion.remote(await json_bytes(raw), _header_id(raw))
-        return JSONResponse(await call(render, self._render))
+        return JSONResponse(await _body_call(raw, self._render.render_completion))
 
     @app.post("/v1/messages/render")
     async def render_messages(self, raw: Request) -> Response:
         """vLLM's render output for an Anthropic Messages body (errors in vLLM's
         OpenAI shape, as its render server answers them)."""
-        render = self._render.render_messages.remote(await json_bytes(raw), _header_id(raw))
-        return JSONResponse(await call(render, self._render))
+        return JSONResponse(await _body_call(raw, self._render.render_messages))
 
     @app.post("/v1/responses/render")
     async def render_responses(self, raw: Request) -> Response:
@@ -228,8 +236,7 @@ class Ingress:
 
     async def _messages(self, raw: Request) -> Response:
         placement = self._placement(raw)
-        render = self._render.messages_text.remote(await json_bytes(raw), _header_id(raw))
-        rendered = await call(render, self._render)
+        rendered = await _body_call(raw, self._render.messages_text)
         return await self._text(rendered, placement, anthropic_stream_error)
 
     @app.post("/v1/responses")
@@ -237,8 +244,7 @@ class Ingress:
         """OpenAI Responses, in either placement, as vLLM's ``/v1/responses`` answers
         without its store switch (docs/api.md)."""
         placement = self._placement(raw)
-        render = self._render.responses_text.remote(await json_bytes(raw))
-        rendered = await call(render, self._render)
+        rendered = await _body_call(raw, self._render.responses_text, with_id=False)
         return await self._text(rendered, placement, responses_stream_error)
 
     @app.get("/v1/responses/{response_id}")
@@ -293,8 +299,10 @@ class Ingress:
             if "request_id" not in data:
                 data["request_id"] = header_id or uuid.uuid4().hex
 
+            traced = trace_kwargs()
+
             def generate(body: dict[str, Any], avoid: tuple[str, ...]) -> Any:
-                return self._generate.generate.remote(body, header_id, **avoiding(avoid))
+                return self._generate.generate.remote(body, header_id, **avoiding(avoid), **traced)
 
             limit = self._config.generate.migration_limit
             move_wait_s = self._config.generate.migration_wait_s
@@ -306,7 +314,11 @@ class Ingress:
             )
         return await respond(
             lambda _: self._derender_channels.call(
-                "generate_derender_on_channel", data, context_data, _header_id(raw)
+                "generate_derender_on_channel",
+                data,
+                context_data,
+                _header_id(raw),
+                **trace_kwargs(),
             ),
             self._derender,
             on_failure=self._end_later,
@@ -323,14 +335,13 @@ class Ingress:
     @app.post("/v1/chat/completions")
     async def chat_completions(self, raw: Request) -> Response:
         placement = self._placement(raw)
-        render = self._render.chat_text.remote(await json_bytes(raw), _header_id(raw))
-        return await self._text(await call(render, self._render), placement)
+        return await self._text(await _body_call(raw, self._render.chat_text), placement)
 
     @app.post("/v1/completions")
     async def completions(self, raw: Request) -> Response:
         placement = self._placement(raw)
-        render = self._render.completion_text.remote(await json_bytes(raw), _header_id(raw))
-        return await self._text(await call(render, self._render), placement)
+        rendered = await _body_call(raw, self._render.completion_text)
+        return await self._text(rendered, placement)
 
     def _placement(self, raw: Request) -> str:
         return requested_placement(raw.headers.get(PLACEMENT_HEADER), self._config)

@@ -41,6 +41,7 @@ from deployments.edge.validation import parse_body, validate
 from deployments.messages.replies import RenderedText
 from deployments.messages.tier import ParseContext, TextJob
 from deployments.observability.metrics import configure_metrics
+from deployments.observability.tracing import configure_tracing, request_carrier
 from deployments.scaling.cpu_load import CpuLoad
 from deployments.vllm_adapter.anthropic import MessagesConversion, count_tokens_response
 from deployments.vllm_adapter.engine_args import serve_namespace
@@ -86,6 +87,7 @@ class Render:
 
     async def __init__(self, config: GraphConfig) -> None:  # type: ignore[misc]
         configure_metrics(config.observability.metrics)
+        configure_tracing(config.observability.otlp_traces_endpoint, "Render")
         self._config = config
         self._parsers = {
             "reasoning_parser": config.reasoning_parser is not None,
@@ -120,7 +122,7 @@ class Render:
             chat_request=request,
             model_name=request.model or self._config.model_name,
         )
-        return job.rendered(**self._parsers)
+        return job.rendered(**self._parsers, trace=request_carrier())
 
     @answers_ingress
     async def completion_text(self, body: bytes, header_id: str | None) -> RenderedText:
@@ -136,7 +138,7 @@ class Render:
             # vLLM's ids for a batch: ``cmpl-<id>-<i>`` per prompt, ``cmpl-<id>`` the answer's.
             response_id=f"cmpl-{request.request_id}" if len(rendered) > 1 else None,
         )
-        return job.rendered(**self._parsers)
+        return job.rendered(**self._parsers, trace=request_carrier())
 
     async def _messages_chat(
         self,
@@ -164,7 +166,7 @@ class Render:
             model_name=request.model or self._config.model_name,
             api="anthropic",
         )
-        return job.rendered(**self._parsers)
+        return job.rendered(**self._parsers, trace=request_carrier())
 
     @answers_ingress
     async def count_message_tokens(self, body: bytes) -> dict[str, Any]:
@@ -199,7 +201,7 @@ class Render:
             model_name=self._config.model_name,
             api="responses",
         )
-        return job.rendered(**self._parsers)
+        return job.rendered(**self._parsers, trace=request_carrier())
 
     @answers_ingress
     async def unknown_response(self, response_id: str) -> dict[str, Any]:

@@ -47,7 +47,7 @@ from bench.harness.servers import (
     running_vllm_as_graph,
 )
 from bench.harness.sse_chunks import json_chunks
-from bench.harness.variants import variant_pairs
+from bench.harness.variants import variant_pairs, with_collector
 from bench.hostcpu.report import GRAPH_MODES, Result, report, row
 from bench.metrics import engine_steps
 from bench.observe import sample, tree_cpu_s
@@ -279,12 +279,15 @@ def main() -> None:
     modes = args.modes.split(",")
     graph_modes = [m for m in modes if m in GRAPH_MODES]
     results: list[Result] = []
-    with tempfile.TemporaryDirectory(prefix="hostcpu-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="hostcpu-") as tmp,
+        with_collector(args.variant) as traced,
+    ):
         work = Path(tmp)
         runs: list[tuple[str, dict[str, str], dict[str, str]]] = [
             ("", _env_pairs(args.graph_env), {})
         ]
-        for variant in args.variant:
+        for variant in traced.variants:
             name, _, pairs = variant.partition(":")
             env, graph_args = variant_pairs(pairs)
             runs.append((name, {**_env_pairs(args.graph_env), **env}, graph_args))
@@ -301,7 +304,7 @@ def main() -> None:
         if "vllm" in modes:
             references.append(measure_vllm(work, load, "vllm, after", args.repeat))
             results = [*references, combined(references, "vllm"), *results]
-    text = report(args, results, [label for label, _, _ in runs])
+    text = report(args, results, [label for label, _, _ in runs]) + "\n".join(traced.note())
     print(text)
     if args.out is not None:
         args.out.write_text(text)

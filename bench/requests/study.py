@@ -46,7 +46,7 @@ from bench.harness.servers import (
     running,
     running_vllm,
 )
-from bench.harness.variants import variant_pairs
+from bench.harness.variants import variant_pairs, with_collector
 from bench.requests.load import ShortChats, closed_loop
 from bench.requests.processes import Memory, cpu_by_kind, memory_by_kind, snapshot
 from bench.requests.report import report
@@ -207,7 +207,10 @@ def main() -> None:
     args = parser.parse_args()
     chosen = args.servers.split(",") + [v.partition(":")[0] for v in args.variant]
     runs: list[ServerRun] = []
-    with tempfile.TemporaryDirectory(prefix="requests-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="requests-") as tmp,
+        with_collector(args.variant) as traced,
+    ):
         work = Path(tmp)
         if "vllm" in chosen:
             run = ServerRun("vllm", "python -m vllm.entrypoints.openai.api_server")
@@ -220,7 +223,7 @@ def main() -> None:
             ) as server:
                 measure_server(server, run, ["vllm"], args)
             runs.append(run)
-        for label, env, unset, graph_args in graph_variants(args.variant):
+        for label, env, unset, graph_args in graph_variants(traced.variants):
             if label not in chosen:
                 continue
             extra = " ".join(f"{k}={v}" for k, v in env.items() if SERVE_ENV.get(k) != v)
@@ -244,7 +247,7 @@ def main() -> None:
             with graph_server(work / "floor", dict(SERVE_ENV), [], FLOOR_APP) as server:
                 measure_server(server, run, list(GRAPH_MODES), args)
             runs.append(run)
-    text = report(args, runs)
+    text = report(args, runs) + "\n".join(traced.note())
     print(text)
     if args.out is not None:
         args.out.write_text(text)

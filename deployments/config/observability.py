@@ -7,7 +7,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class ObservabilityConfig(BaseModel):
-    """The graph's own metrics, beside each engine's vLLM metrics (always on)."""
+    """The graph's own metrics, beside each engine's vLLM metrics (always on), and its
+    traces."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -16,4 +17,12 @@ class ObservabilityConfig(BaseModel):
         description="Every replica records the graph's per-hop metrics (ray_scaleout_*, "
         "exported through Ray's metrics agents and merged into /metrics). Off: none is "
         "recorded, and /metrics has the engines' vLLM metrics only.",
+    )
+    otlp_traces_endpoint: str | None = Field(
+        None,
+        description="An OpenTelemetry collector every replica sends its spans to (as "
+        "vLLM's --otlp-traces-endpoint; gRPC, or HTTP with "
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf), the engines' own spans "
+        "included: one trace per request across the tiers. None (the default): no "
+        "span is made.",
     )

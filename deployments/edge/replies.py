@@ -18,7 +18,7 @@ import functools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from http import HTTPStatus
-from typing import Any, ParamSpec
+from typing import Any, ParamSpec, cast
 
 from pydantic import BaseModel
 from ray.exceptions import RayError
@@ -29,7 +29,9 @@ from vllm.exceptions import GenerationError
 from deployments.edge.errors import Refusal
 from deployments.messages.replies import Reply, ServedBy, TierFailure
 from deployments.observability.metrics import graph_metrics
+from deployments.observability.tracing import SERVE_REQUEST_ID, Carrier, serving, traced
 from deployments.transport.replica_loss import EngineLostError
+from deployments.transport.serve_internals import serve_request_id
 
 P = ParamSpec("P")
 
@@ -70,14 +72,28 @@ def answers_ingress(
     method: Callable[P, Awaitable[Any]],
 ) -> Callable[P, Awaitable[Any]]:
     """A unary tier method the Ingress calls: its answer as a ``Reply``; the time it
-    took in ``scaleout_unary_call_seconds`` (on Render: the render time)."""
+    took in ``scaleout_unary_call_seconds`` (on Render: the render time).
+
+    A call with a ``trace`` keyword (the Ingress's span, ``observability/tracing.py``)
+    runs in a span named after the tier (``render``), taken from ``kwargs`` before
+    the method sees them; inside, ``request_carrier()`` is that context."""
     tags = {"method": method.__name__}
+    tier = method.__qualname__.split(".")[0].lower()
 
     @functools.wraps(method)
     async def answer(*args: P.args, **kwargs: P.kwargs) -> Any:
         started = time.perf_counter()
+        trace = cast("Carrier | None", kwargs.pop("trace", None))
         try:
-            return reply_of(await method(*args, **kwargs))
+            if trace is None:
+                return reply_of(await method(*args, **kwargs))
+            attributes = {"scaleout.method": method.__name__, SERVE_REQUEST_ID: serve_request_id()}
+            with traced(tier, trace, attributes=attributes) as span:
+                with serving(trace):
+                    answered = await method(*args, **kwargs)
+                if span is not None and isinstance(answered, ErrorResponse):
+                    span.set_attribute("scaleout.status", answered.error.code)
+            return reply_of(answered)
         except Exception as exc:
             reply = refusal_of(exc)
             if reply is None:

@@ -34,6 +34,7 @@ from deployments.edge.errors import (
 )
 from deployments.messages.replies import Reply, ServedBy, error_reply
 from deployments.observability.metrics import Gaps, graph_metrics
+from deployments.observability.tracing import end_span, request_carrier, start_span
 from deployments.text.sse import DONE, responses_error_event, sse_data
 from deployments.transport.replica_assignment import wait_routed
 from deployments.transport.replica_loss import callee_lost, lost_engine_replica, raised_in_tier
@@ -116,9 +117,14 @@ async def respond(
     metrics.first_item_seconds.observe(
         time.perf_counter() - started, {"callee": via.deployment_name, "kind": "stream"}
     )
+    # The stream as the client is sent it, from its first item (tracing.py).
+    span = start_span(
+        "response", request_carrier(), attributes={"scaleout.callee": via.deployment_name}
+    )
 
     async def events() -> AsyncIterator[str]:
         gaps = Gaps()
+        error: BaseException | None = None
         try:
             gaps.tick()
             yield first
@@ -131,12 +137,14 @@ async def respond(
             metrics.stream_errors.inc()
             if on_failure is not None:
                 on_failure(items)
-            error = unavailable(f"stream failed: {type(exc).__name__}")
-            for event in (stream_error or openai_stream_error)(error):
+            error = exc
+            failed = unavailable(f"stream failed: {type(exc).__name__}")
+            for event in (stream_error or openai_stream_error)(failed):
                 yield event
         finally:
             # A client that went away cancels the whole call chain.
             _cancel(items)
+            end_span(span, error)
 
     return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
 

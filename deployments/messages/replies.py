@@ -84,6 +84,9 @@ class RenderedText:
     to the model's length): the text work ``text_placement: auto`` weighs."""
     parsed: bool = False
     """Whether its text runs a reasoning or tool parser on every token."""
+    trace: dict[str, str] | None = None
+    """The request's trace context (W3C headers) the tier that makes its text runs
+    under: the Ingress's span (``observability/tracing.py``); None when not traced."""
 
     def open(self) -> Any:
         """The ``TextJob`` (only a tier that imports vLLM may call this)."""

@@ -54,9 +54,12 @@ class TextJob(BaseModel):
     (``/v1/responses``) as vLLM's Responses server builds its answer from engine
     outputs."""
 
-    def rendered(self, *, reasoning_parser: bool, tool_parser: bool) -> RenderedText:
+    def rendered(
+        self, *, reasoning_parser: bool, tool_parser: bool, trace: dict[str, str] | None = None
+    ) -> RenderedText:
         """This job as it crosses the Ingress: pickled once, with what routing reads.
-        The flags say which parsers the graph runs (``GraphConfig``)."""
+        The flags say which parsers the graph runs (``GraphConfig``); ``trace``, the
+        context the tier that makes its text runs under."""
         request = self.generate_request
         sampling = request.sampling_params
         expected = None
@@ -71,6 +74,7 @@ class TextJob(BaseModel):
             expected_tokens=expected,
             parsed=self.completion_request is None
             and (reasoning_parser or (tool_parser and self._offers_tools())),
+            trace=trace,
         )
 
     def _offers_tools(self) -> bool:

@@ -86,6 +86,18 @@ def proxy_request_id() -> str:
     return str(generate_request_id())
 
 
+def serve_request_id() -> str:
+    """The request id Serve's access log lines of this request carry, in every replica a
+    handle call of it reaches (``context._serve_request_context``): the client's
+    ``X-Request-Id``, else one Serve's proxy (or HAProxy) made. "" outside a request."""
+    try:
+        from ray.serve.context import _serve_request_context
+    except ImportError as exc:
+        raise ServeInternalsChanged(f"context._serve_request_context: {exc}") from exc
+    context = _serve_request_context.get()
+    return "" if context is None else str(context.request_id)
+
+
 def serve_logger_name() -> str:
     """The logger Serve configures in each replica (``constants.SERVE_LOGGER_NAME``)."""
     try:

@@ -54,6 +54,9 @@ def serve_cli(
             argv += ["--tokens-only"]
         if kv_events is not None:
             argv += ["--kv-events-config", json.dumps(kv_events)]
+        traces = config.observability.otlp_traces_endpoint
+        if traces is not None:  # the engine's own span per request (tracing.py)
+            argv += ["--otlp-traces-endpoint", traces]
     return argv
 
 

@@ -21,20 +21,45 @@ from collections.abc import AsyncGenerator, Iterator
 from contextvars import ContextVar
 from typing import Any
 
+from deployments.vllm_adapter.internals import engine_request_id, live_request_ids
+
 logger = logging.getLogger("ray.serve")
 
 # The streams of the call running ``engine.generate`` right now, if it records them.
 _OPENING: ContextVar[list[AsyncGenerator[Any, None]] | None] = ContextVar(
     "scaleout_engine_streams", default=None
 )
+# Its trace context, for the engine's own span (vLLM's serving classes pass the HTTP
+# request's headers, and Generate serves no HTTP request).
+_TRACE_HEADERS: ContextVar[dict[str, str] | None] = ContextVar(
+    "scaleout_engine_trace", default=None
+)
+
+
+async def abort_held(engine: Any, request_ids: list[str]) -> int:
+    """An explicit abort by id: every engine request under these ids ends; returns
+    how many this engine held.
+
+    Clients send the id they got back: ``generate-tokens-…`` from
+    ``/inference/v1/generate``, ``chatcmpl-…``/``cmpl-…`` from the OpenAI routes.
+    Both name the same engine request."""
+    engine_ids = sorted({engine_request_id(i) for i in request_ids} | set(request_ids))
+    live = live_request_ids(engine)
+    held = [i for i in engine_ids if live.get(i)]
+    await engine.abort(engine_ids)
+    return len(held)
 
 
 def record_streams(engine: Any) -> None:
     """Make ``engine.generate`` (the ``AsyncLLM`` serving classes call) record each
-    stream it returns for the call inside ``EngineCall.opening``."""
+    stream it returns for the call inside ``EngineCall.opening``, and give it that
+    call's trace context."""
     generate = engine.generate
 
     def generate_recorded(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
+        trace_headers = _TRACE_HEADERS.get()
+        if trace_headers is not None and kwargs.get("trace_headers") is None:
+            kwargs["trace_headers"] = trace_headers
         stream: AsyncGenerator[Any, None] = generate(*args, **kwargs)
         opened = _OPENING.get()
         if opened is not None:
@@ -47,8 +72,10 @@ def record_streams(engine: Any) -> None:
 class EngineCall:
     """The engine streams of one Generate call, and the task that reads them."""
 
-    def __init__(self, movable: bool = True) -> None:
+    def __init__(self, movable: bool = True, trace: dict[str, str] | None = None) -> None:
         self._streams: list[AsyncGenerator[Any, None]] = []
+        # The context of the engine requests it opens (observability/tracing.py).
+        self.trace = trace
         self.task = asyncio.current_task()
         # Whether its caller can make it again elsewhere (Generate._leave), and
         # whether it is inside ``opening`` right now: for a unary call, the whole wait.
@@ -62,11 +89,13 @@ class EngineCall:
         Only around a plain ``await`` (never across a ``yield``): the variable is
         the task's, and the task runs nothing else of this call meanwhile."""
         token = _OPENING.set(self._streams)
+        traced = _TRACE_HEADERS.set(self.trace)
         self.awaiting = True
         try:
             yield
         finally:
             self.awaiting = False
+            _TRACE_HEADERS.reset(traced)
             _OPENING.reset(token)
 
     async def close(self) -> None:

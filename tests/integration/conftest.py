@@ -3,7 +3,8 @@
 ``serve run`` of a Serve config with two applications on one Ray cluster
 (four engines with vLLM's reference server fill this 24 GiB host):
 
-- ``/``: the embedded default, two Generate and two Derender replicas;
+- ``/``: the embedded default, two Generate and two Derender replicas, traced to a
+  collector in the test process;
 - ``/tokens-only``: ``tokens_only`` (text via the tier), an API key,
   ``stream_interval: 3`` and a one-deep Generate queue.
 """
@@ -21,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.harness.otlp_collector import Collector, running_collector
 from bench.harness.servers import (
     TINY_MODEL,
     Server,
@@ -62,8 +64,18 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 @pytest.fixture(scope="package")
+def trace_collector() -> Iterator[Collector]:
+    """The OTLP collector the default application sends its traces to (its engines'
+    included), in this process for the whole session."""
+    with running_collector() as collector:
+        yield collector
+
+
+@pytest.fixture(scope="package")
 def graph(
-    tmp_path_factory: pytest.TempPathFactory, oracles: dict[str, EarlyStart[Server]]
+    tmp_path_factory: pytest.TempPathFactory,
+    oracles: dict[str, EarlyStart[Server]],
+    trace_collector: Collector,
 ) -> Iterator[Server]:
     """The graph (after ``oracles``, so vLLM's servers start beside it)."""
     apps = {
@@ -71,6 +83,9 @@ def graph(
             "/",
             {
                 **GRAPH_ARGS,
+                # Every request of the session traced (test_tracing reads them); the
+                # tokens-only application runs untraced, as the default graph does.
+                "observability": {"otlp_traces_endpoint": trace_collector.endpoint},
                 # A stream that moves while no Generate replica runs waits for the next
                 # (test_generate_loss).
                 "generate": {"num_replicas": 2, "num_cpus": 0.3, "migration_wait_s": 120},

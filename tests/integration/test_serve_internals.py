@@ -63,3 +63,8 @@ def test_draining_probe_turns_when_serve_stops_the_replica(seen: dict[str, Any])
     # ReplicaActor._replica_impl._shutting_down, read inside a replica whose
     # application is deleted while it serves a call.
     assert seen["draining"] == [False, True], "draining_probe"
+
+
+def test_serve_request_id_is_the_callers_in_its_callee(seen: dict[str, Any]) -> None:
+    assert seen["request_id"], "serve_request_id: context._serve_request_context"
+    assert seen["callee_request_id"] == seen["request_id"], "serve_request_id: propagation"

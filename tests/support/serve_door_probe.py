@@ -39,7 +39,7 @@ class Target:
 )
 class ZeroTarget:
     async def __call__(self) -> str:
-        return "ok"
+        return door.serve_request_id()
 
 
 @serve.deployment(name="Leaver", ray_actor_options={"num_cpus": 0})
@@ -74,7 +74,8 @@ class Probe:
             await future
         seen["answer"] = await response
         seen["view"] = _view(door.router_view(self._target))
-        await self._zero.remote()
+        seen["request_id"] = door.serve_request_id()
+        seen["callee_request_id"] = await self._zero.remote()
         seen["zero_view"] = _view(door.router_view(self._zero))
         await door.ping_actor(ray.get_runtime_context().current_actor)
         seen["pinged"] = True

@@ -41,3 +41,9 @@ def test_a_deployment_declared_by_import_path_keeps_it_and_serves_its_class() ->
     assert deployment.options(num_replicas=2).func_or_class == path
     assert deployment.max_ongoing_requests == 7
     assert replica_class(path) is ControlPlane
+
+
+def test_serve_request_id_is_empty_outside_a_request() -> None:
+    from deployments.transport.serve_internals import serve_request_id
+
+    assert serve_request_id() == ""

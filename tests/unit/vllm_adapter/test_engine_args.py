@@ -55,3 +55,11 @@ def test_a_cpu_engine_gets_the_seeded_rewind_worker_and_a_gpu_engine_vllms_own()
     gpu = serve_cli(GraphConfig.from_args({"num_gpus": 1}), role="generate")
     assert "--worker-cls" not in gpu
     assert "--worker-cls" not in serve_cli(GraphConfig.from_args({}), role="render")
+
+
+def test_a_traced_graph_gives_the_engine_its_endpoint_and_vllm_takes_it() -> None:
+    config = GraphConfig.from_args({"observability": {"otlp_traces_endpoint": "http://c:4317"}})
+    assert serve_namespace(config, role="generate").otlp_traces_endpoint == "http://c:4317"
+    assert "--otlp-traces-endpoint" not in serve_cli(config, role="render")
+    untraced = serve_cli(GraphConfig.from_args({}), role="generate")
+    assert "--otlp-traces-endpoint" not in untraced
