@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import grpc
@@ -103,6 +104,40 @@ def running_collector() -> Iterator[Collector]:
         yield collector
     finally:
         server.stop(grace=None)
+
+
+@contextlib.contextmanager
+def running_http_collector() -> Iterator[Collector]:
+    """The same over OTLP/HTTP (protobuf bodies POSTed to ``/v1/traces``); its
+    ``endpoint`` is the full URL, as an HTTP exporter is given it."""
+    collector = Collector()
+
+    class Traces(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if self.path != "/v1/traces":
+                self.send_error(404)
+                return
+            request = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
+            answer = collector.Export(request, None).SerializeToString()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Traces)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    collector.endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    try:
+        yield collector
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def main() -> None:

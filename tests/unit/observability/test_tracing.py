@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bench.harness.otlp_collector import Collector, Span, running_collector
+from bench.harness.otlp_collector import Collector, Span, running_collector, running_http_collector
 from deployments.edge.replies import answers_ingress
 from deployments.observability import tracing
 from deployments.vllm_adapter.engine_streams import EngineCall, record_streams
@@ -128,3 +128,43 @@ def test_the_engine_gets_the_trace_context_of_the_call_that_opens_its_stream() -
 
     asyncio.run(run())
     assert engine.trace_headers == [carrier, None, {"traceparent": "given"}, None]
+
+
+def test_with_serves_tracing_on_the_first_span_is_a_child_of_serves(
+    collector: Collector,
+) -> None:
+    """Ray Serve's tracing makes its replica span the current one around the handler;
+    the Ingress's span then goes under it, not under the client's header."""
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    serve_span = SpanContext(
+        int(secrets.token_hex(16), 16),
+        int(secrets.token_hex(8), 16),
+        is_remote=False,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+    )
+    client = {"traceparent": f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"}
+    with trace.use_span(NonRecordingSpan(serve_span)):
+        tracing.end_span(tracing.start_span("ingress", tracing.request_parent(client)))
+    (span,) = sent(collector, 1)
+    assert span.trace_id == f"{serve_span.trace_id:032x}"
+    assert span.parent_id == f"{serve_span.span_id:016x}"
+
+
+def test_spans_go_over_http_when_the_protocol_variable_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf``, as vLLM's exporter reads it."""
+    monkeypatch.setenv(tracing.PROTOCOL_VARIABLE, "http/protobuf")
+    with running_http_collector() as collector:
+        tracing.configure_tracing(collector.endpoint, "Test")
+        try:
+            tracing.end_span(tracing.start_span("over-http", None))
+            (span,) = sent(collector, 1)
+        finally:
+            tracing.configure_tracing(None, "Test")
+    assert span.name == "over-http"
+    monkeypatch.setenv(tracing.PROTOCOL_VARIABLE, "carrier-pigeon")
+    with pytest.raises(ValueError, match="carrier-pigeon"):
+        tracing.span_exporter("http://127.0.0.1:1")
