@@ -7,7 +7,9 @@ Off (the default), a request runs, in all its tiers together: the Ingress's chec
 a span, the ``trace`` keyword of its two tier calls (none), the ``generate`` block with
 no span (and its engine call's trace context, None), the ``response`` span that is
 not made. One "request" here is that sequence, an inline stream's; a tier stream adds
-one more check (``traced_stream``). On, the same sequence makes its spans (Ingress,
+one more check (``traced_stream``). The off figure is an upper bound: it includes the
+engine call's own bookkeeping (``EngineCall``, its ``opening`` block), which predates
+tracing and runs either way. On, the same sequence makes its spans (Ingress,
 render, generate, response) with their carriers and hands them to the OTLP batch
 exporter; the exporter's thread (serializing, gRPC) is not in the figure, and vLLM's
 own engine span neither: the request benchmarks' ``traced`` variants measure all of it.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import time
 from pathlib import Path
@@ -90,7 +93,8 @@ def main() -> None:
             "",
             f"`python -m bench.observability.trace_cost --requests {args.requests} "
             f"--rounds {args.rounds}` ({args.rounds} rounds; on: {ON_REQUESTS} requests a "
-            "round, fewer than the exporter's queue holds, sent between rounds).",
+            "round, fewer than the exporter's queue holds, sent between rounds), on "
+            f"this host ({os.cpu_count()} cores).",
             "",
             (__doc__ or "").split("\n\n", 2)[2].strip(),
             "",

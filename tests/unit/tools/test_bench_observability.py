@@ -61,3 +61,29 @@ def test_the_report_names_each_hop_of_each_phase() -> None:
     assert "TTFT p50 20.0 ms" in text
     # 2.5 observations of 5 µs against 500 µs of replica CPU per token
     assert "| inline | 2.50 | 500 µs | 2.5% |" in text
+
+
+def test_the_trace_cost_bench_makes_a_requests_spans_when_on_and_none_off() -> None:
+    """bench.observability.trace_cost times what it says: on, an inline stream's four
+    spans under one Ingress span; off, none."""
+    import asyncio
+
+    from bench.harness.otlp_collector import running_collector
+    from bench.observability.trace_cost import per_request_us
+    from deployments.observability import tracing
+
+    with running_collector() as collector:
+        tracing.configure_tracing(None, "bench")
+        asyncio.run(per_request_us(3, 1))
+        tracing.configure_tracing(collector.endpoint, "bench")
+        try:
+            asyncio.run(per_request_us(2, 1))  # a warm-up request, then two timed
+        finally:
+            tracing.configure_tracing(None, "bench")  # shuts down: what is queued leaves
+        spans = collector.spans()
+    assert len(spans) == 12, spans
+    roots = [s for s in spans if s.parent_id is None]
+    assert len(roots) == 3
+    for root in roots:
+        children = sorted(s.name for s in spans if s.parent_id == root.span_id)
+        assert children == ["generate", "render", "response"]
