@@ -116,8 +116,10 @@ class Derender(ChannelSource):
         """A replica Serve stops (the tier scaled in, a redeploy) takes no new streams
         and finishes those it holds, which its ``graceful_shutdown_timeout_s`` covers
         (their text state is here); then its step channels end, so Serve need not
-        wait for them."""
+        wait for them. Each pass also adds the tokens a burst's last stream left to the
+        CPU-per-token counters."""
         while True:
+            self._cpu_per_token.tick()
             if self._leave_watch.poll(busy=self._outboxes.bound > 0):
                 logger.warning(
                     "replica %s is being stopped: finishing its %d streams, taking no more",

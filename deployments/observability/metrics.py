@@ -254,7 +254,8 @@ class Gaps:
 class CpuPerToken:
     """Counts tokens as they are done and, at most every ``every_s``, adds them and the
     process's CPU time since the last time to the two counters, so their rates' ratio
-    is the CPU per token over any range (Ray's agent reads them every 10 s anyway)."""
+    is the CPU per token over any range (Ray's agent reads them every 10 s anyway).
+    ``tick`` adds what a burst left once its interval is over, with no token after it."""
 
     def __init__(
         self,
@@ -269,7 +270,15 @@ class CpuPerToken:
 
     def did(self, tokens: int) -> None:
         self._tokens += tokens
-        now = self._clock()
+        self._add(self._clock())
+
+    def tick(self) -> None:
+        """Call now and then: tokens done since the last addition are added once their
+        interval is over, though no more come (the last stream of a burst)."""
+        if self._tokens > 0:
+            self._add(self._clock())
+
+    def _add(self, now: float) -> None:
         if now - self._flushed < self._every_s:
             return
         metrics = self._metrics or graph_metrics()

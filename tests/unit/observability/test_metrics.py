@@ -116,6 +116,22 @@ def test_cpu_per_token_adds_cpu_and_tokens_at_most_every_interval() -> None:
     assert metrics.tokens.total == 16 and abs(metrics.cpu.total - 0.2) < 1e-9
 
 
+def test_cpu_per_token_adds_a_bursts_last_tokens_on_a_tick() -> None:
+    clock, cpu = [0.0], [10.0]
+    metrics = FakeMetrics()
+    counter = CpuPerToken(1.0, lambda: clock[0], lambda: cpu[0], metrics)
+    clock[0], cpu[0] = 0.4, 10.1
+    counter.did(6)  # the burst's last stream, within its interval: held
+    counter.tick()
+    assert metrics.tokens.total == 0
+    clock[0] = 1.2  # no token since: the tick adds them
+    counter.tick()
+    assert metrics.tokens.total == 6 and abs(metrics.cpu.total - 0.1) < 1e-9
+    clock[0] = 5.0  # nothing held: a tick adds nothing (no increment of 0 either)
+    counter.tick()
+    assert metrics.tokens.total == 6 and abs(metrics.cpu.total - 0.1) < 1e-9
+
+
 def test_outside_a_serve_replica_nothing_is_recorded() -> None:
     metrics = graph_metrics()
     assert metrics.inter_item_seconds is NOTHING
