@@ -21,6 +21,8 @@ from tests.integration.conftest import MODEL
 RAY_TARGETS = Path("/tmp/ray/prom_metrics_service_discovery.json")
 # Ray's agents take each process's values every 10 s; a scrape comes every second.
 SETTLED_S = 12.0
+# How far back each read takes a series' latest value: a few 3 s scrapes.
+LOOK_BACK = "15s"
 WAIT_S = 60.0
 INLINE, TIER, UNARY = 3, 2, 2
 
@@ -59,10 +61,11 @@ CHECKS = {
 
 
 def counts(job: str) -> dict[str, str]:
-    """What each check reads, as PromQL, in one scrape job."""
+    """What each check reads, as PromQL, in one scrape job: each series' latest value
+    over the last few scrapes (one scrape that timed out on a busy host leaves no gap)."""
     return {
-        check: f'sum(ray_scaleout_{name}{{job="{job}",application="default",{labels}}})'
-        " or vector(0)"
+        check: f'max_over_time(ray_scaleout_{name}{{job="{job}",application="default",{labels}}}'
+        f"[{LOOK_BACK}])"
         for check, (name, labels) in CHECKS.items()
     }
 
@@ -89,15 +92,29 @@ AT_LEAST = {
 }
 
 
-def read(prometheus: Prometheus, jobs: list[str]) -> dict[tuple[str, str], float]:
+Series = dict[frozenset[tuple[str, str]], float]
+
+
+def read(prometheus: Prometheus, jobs: list[str]) -> dict[tuple[str, str], Series]:
+    """Each check's series (by their labels) in each job."""
     return {
-        (job, check): prometheus.value(expression) or 0.0
+        (job, check): {
+            frozenset(one["metric"].items()): float(one["value"][1])
+            for one in prometheus.query(expression)
+        }
         for job in jobs
         for check, expression in counts(job).items()
     }
 
 
-def settled(prometheus: Prometheus, jobs: list[str]) -> dict[tuple[str, str], float]:
+def moved_by(before: Series, now: Series) -> float:
+    """How far a check's counters moved: each series now against itself before (a new
+    series from 0). A series gone since (a replica an earlier test replaced, whose
+    values Ray's agent stops exporting) moved nothing here."""
+    return sum(value - before.get(labels, 0.0) for labels, value in now.items())
+
+
+def settled(prometheus: Prometheus, jobs: list[str]) -> dict[tuple[str, str], Series]:
     """Every count, once none has moved for ``SETTLED_S`` (what earlier tests sent
     has reached Ray's agents and both scrapes)."""
     deadline = time.monotonic() + WAIT_S + SETTLED_S
@@ -123,10 +140,11 @@ def test_prometheus_reads_each_hop_for_exactly_the_requests_sent(
     port = urlsplit(graph.base_url).port
     # The graph's /metrics reads every node's Ray agent as well as the engines: on a
     # busy host one scrape can take over Prometheus's default timeout (the interval).
+    # A Ray agent answers hundreds of KB: so can it.
     slow = {"scrape_interval": "3s", "scrape_timeout": "3s"}
     scrape_configs = [
         {"job_name": "graph", **slow, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]},
-        {"job_name": "ray", "file_sd_configs": [{"files": [str(RAY_TARGETS)]}]},
+        {"job_name": "ray", **slow, "file_sd_configs": [{"files": [str(RAY_TARGETS)]}]},
     ]
     jobs = ["graph", "ray"]
     with running_prometheus(tmp_path, scrape_configs) as prometheus:
@@ -154,7 +172,7 @@ def test_prometheus_reads_each_hop_for_exactly_the_requests_sent(
 
         def delta() -> dict[tuple[str, str], float]:
             now = read(prometheus, jobs)
-            return {key: now[key] - before[key] for key in now}
+            return {key: moved_by(before[key], now[key]) for key in now}
 
         def done() -> bool:
             moved = delta()
