@@ -63,6 +63,7 @@ from deployments.observability.tracing import (
     Carrier,
     configure_tracing,
     span_attributes,
+    trace_kwargs,
     traced_stream,
 )
 from deployments.render import build_render_state
@@ -139,7 +140,7 @@ class Derender(ChannelSource):
         one that took it is lost (``transport/migration.py``); ``trace``: the context
         of the span they are made for."""
         moves = itertools.count()
-        traced = {} if trace is None else {"trace": trace}
+        traced = trace_kwargs(trace)
         items = migrating(
             lambda current, avoid: self._generate_call(current, key, avoid, next(moves), traced),
             request,
@@ -155,7 +156,7 @@ class Derender(ChannelSource):
         key: str,
         avoid: tuple[str, ...],
         move: int = 0,
-        traced: dict[str, Carrier] | None = None,
+        traced: dict[str, Any] | None = None,
     ) -> AsyncGenerator[Any, None]:
         """One Generate call for ``request``, on a replica not in ``avoid``: a
         stream's events arrive on this replica's step channel to the Generate

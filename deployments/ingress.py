@@ -53,7 +53,7 @@ from deployments.messages.replies import RenderedText, Reply
 from deployments.messages.text_steps import TextResume
 from deployments.observability.cluster_metrics import graph_families
 from deployments.observability.metrics import configure_metrics, graph_metrics
-from deployments.observability.tracing import configure_tracing, trace_kwargs
+from deployments.observability.tracing import configure_tracing, request_trace_kwargs
 from deployments.routing.pinned_router import avoiding
 from deployments.routing.text_placement import AutoPlacement, PlacementReader
 from deployments.transport.migrating_call import MigratingCall
@@ -87,7 +87,7 @@ async def _body_call(raw: Request, method: DeploymentHandle, with_id: bool = Tru
     """``method``'s answer for the body as the client sent it (and its ``X-Request-Id``,
     ``with_id``), called under the request's span (``observability/tracing.py``)."""
     args = (await json_bytes(raw), _header_id(raw)) if with_id else (await json_bytes(raw),)
-    return await call(method.remote(*args, **trace_kwargs()), method)
+    return await call(method.remote(*args, **request_trace_kwargs()), method)
 
 
 def _header_id(raw: Request) -> str | None:
@@ -299,7 +299,7 @@ class Ingress:
             if "request_id" not in data:
                 data["request_id"] = header_id or uuid.uuid4().hex
 
-            traced = trace_kwargs()
+            traced = request_trace_kwargs()
 
             def generate(body: dict[str, Any], avoid: tuple[str, ...]) -> Any:
                 return self._generate.generate.remote(body, header_id, **avoiding(avoid), **traced)
@@ -318,7 +318,7 @@ class Ingress:
                 data,
                 context_data,
                 _header_id(raw),
-                **trace_kwargs(),
+                **request_trace_kwargs(),
             ),
             self._derender,
             on_failure=self._end_later,

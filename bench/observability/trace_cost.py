@@ -38,7 +38,10 @@ def one_request() -> None:
     # Ingress: its span (the middleware), and the carrier its calls pass.
     span = tracing.start_span("POST /v1/chat/completions", tracing.request_parent({}))
     with tracing.serving(tracing.carrier_of(span)):
-        render_kwargs, generate_kwargs = tracing.trace_kwargs(), tracing.trace_kwargs()
+        render_kwargs, generate_kwargs = (
+            tracing.request_trace_kwargs(),
+            tracing.request_trace_kwargs(),
+        )
         # Render (answers_ingress): its span under the Ingress's.
         with tracing.traced("render", render_kwargs.get("trace")):
             pass

@@ -234,8 +234,12 @@ def request_carrier() -> Carrier | None:
     return _REQUEST.get()
 
 
-def trace_kwargs() -> dict[str, Any]:
-    """A tier call's ``trace`` keyword for this request; none when not traced, so an
+def trace_kwargs(carrier: Carrier | None) -> dict[str, Any]:
+    """A tier call's ``trace`` keyword for ``carrier``; none when not traced, so an
     untraced graph's calls are what they were."""
-    carrier = _REQUEST.get()
     return {} if carrier is None else {"trace": carrier}
+
+
+def request_trace_kwargs() -> dict[str, Any]:
+    """``trace_kwargs`` of this task's request (``request_carrier``)."""
+    return trace_kwargs(_REQUEST.get())

@@ -40,7 +40,7 @@ def test_off_makes_no_span_and_passes_no_context() -> None:
     assert tracing.start_span("x", None) is None
     with tracing.traced("x", None) as span, tracing.serving(tracing.carrier_of(span)):
         assert span is None
-        assert tracing.request_carrier() is None and tracing.trace_kwargs() == {}
+        assert tracing.request_carrier() is None and tracing.request_trace_kwargs() == {}
 
 
 def test_a_span_under_a_carrier_is_its_child_in_its_trace(collector: Collector) -> None:
