@@ -322,6 +322,14 @@ def report(args: argparse.Namespace, runs: Sequence[ServerRun]) -> str:
         argv += f" --{name.replace('_', '-')} {getattr(args, name)}"
     argv += " --concurrency " + ",".join(map(str, args.concurrency))
     argv += f" --servers {args.servers}" + "".join(f" --variant {v}" for v in args.variant)
+    argv += " --in-turn" if args.in_turn else ""
+    side_by_side = (
+        "each server measured alone, one after another"
+        if args.in_turn
+        else "vLLM's server up beside each graph, their cells alternating within each round "
+        "(the order reversed every other round) and the server not measured stopped "
+        "(SIGSTOP of its whole tree): each ratio is between cells seconds apart"
+    )
     out = [
         "# CPU per request: vLLM's server against the graph",
         "",
@@ -329,7 +337,8 @@ def report(args: argparse.Namespace, runs: Sequence[ServerRun]) -> str:
         "",
         f"Host: {_host()}. Load: streamed chats of {args.tokens} tokens "
         f"(temperature 0, `ignore_eos`), {args.requests} per cell in a closed loop at each "
-        f"concurrency, after a warm-up; {args.repeat} rounds of every cell. Figures are the "
+        f"concurrency, after a warm-up; {args.repeat} rounds of every cell, {side_by_side}. "
+        "Figures are the "
         "median over rounds, with the rounds' spread (min–max) in brackets.",
         "",
         "Servers:",

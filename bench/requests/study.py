@@ -18,8 +18,13 @@ in turn, serve the embedded model with the same parsers:
   what Serve and Ray alone take per request of the graph's shape.
 
 Every graph serves both text placements (``X-Text-Placement: inline`` and
-``tier``). ``--repeat`` rounds run every cell of a server in turn, so the
-host's drift falls on all cells alike; the report quotes the median and the
+``tier``). By default vLLM's server stays up beside each graph, and each
+round alternates their cells (vLLM's, then the graph's inline and tier, the
+order reversed every other round), with the server not measured stopped
+(``bench/harness/freeze.py``): this shared host's speed drifts 2-3x within an
+hour, and a ratio is then taken between cells seconds apart, round by round,
+not between two servers' hours. ``--in-turn`` measures each server alone, one
+after another, as earlier runs did. The report quotes the median and the
 spread. CPU is every process of the server's tree, by kind
 (``bench/requests/processes.py``); idle CPU is read over ``--idle-s`` seconds
 after the warm-up, and memory (RSS, USS) per kind then.
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import tempfile
 import time
@@ -37,6 +43,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bench.harness.freeze import frozen
 from bench.harness.servers import (
     SERVE_RUN_STOP_GRACE_S,
     VENV_BIN,
@@ -120,6 +127,50 @@ def measure_idle(server: Server, idle_s: float) -> tuple[dict[str, float], dict[
     return share, memory_by_kind(snapshot(server.process.pid, memory=True))
 
 
+def measure_paired(
+    vllm: Server,
+    vllm_run: ServerRun,
+    graph: Server,
+    graph_run: ServerRun,
+    args: argparse.Namespace,
+    first_round: int,
+) -> None:
+    """vLLM's server and a graph, both up, measured cell by cell in turn, the other
+    stopped; rounds numbered from ``first_round`` in both runs, so that the report
+    pairs each graph round with the vLLM cells next to it."""
+    load = ShortChats(model=str(TINY_MODEL), tokens=args.tokens)
+    sides = {"vllm": (vllm, vllm_run, graph)}
+    sides.update({mode: (graph, graph_run, vllm) for mode in GRAPH_MODES})
+    for mode, (server, _, other) in sides.items():
+        with frozen(other):
+            measure_cell(server, "warm-up", load, mode, 4, 16)  # not kept
+    if not vllm_run.idle_core_share:
+        with frozen(graph):
+            vllm_run.idle_core_share, vllm_run.memory = measure_idle(vllm, args.idle_s)
+    with frozen(vllm):
+        graph_run.idle_core_share, graph_run.memory = measure_idle(graph, args.idle_s)
+    for round_ in range(first_round, first_round + args.repeat):
+        order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
+        for concurrency in args.concurrency:
+            for mode in order:
+                server, run, other = sides[mode]
+                with frozen(other):
+                    cell = measure_cell(
+                        server, run.label, load, mode, concurrency, args.requests, round_
+                    )
+                _record(run, cell)
+
+
+def _record(run: ServerRun, cell: Cell) -> None:
+    run.cells.append(cell)
+    cpu_ms = sum(cell.cpu_s.values()) / cell.requests * 1000
+    print(
+        f"{run.label} {cell.mode} c={cell.concurrency} round {cell.round}: "
+        f"{cell.requests / cell.wall_s:.1f} req/s, {cpu_ms:.0f} CPU ms/request",
+        flush=True,
+    )
+
+
 def measure_server(
     server: Server, run: ServerRun, modes: list[str], args: argparse.Namespace
 ) -> None:
@@ -133,13 +184,7 @@ def measure_server(
                 cell = measure_cell(
                     server, run.label, load, mode, concurrency, args.requests, round_
                 )
-                run.cells.append(cell)
-                cpu_ms = sum(cell.cpu_s.values()) / cell.requests * 1000
-                print(
-                    f"{run.label} {mode} c={concurrency} round {round_}: "
-                    f"{cell.requests / cell.wall_s:.1f} req/s, {cpu_ms:.0f} CPU ms/request",
-                    flush=True,
-                )
+                _record(run, cell)
 
 
 @contextmanager
@@ -185,6 +230,19 @@ def graph_variants(variants: list[str]) -> list[GraphVariant]:
     return runs
 
 
+def _graph_command(label: str, env: dict[str, str], graph_args: dict[str, str]) -> str:
+    extra = " ".join(f"{k}={v}" for k, v in env.items() if SERVE_ENV.get(k) != v)
+    command = "serve run graph:app"
+    if graph_args:
+        command = "serve run graph:build_app " + " ".join(
+            f"{k}={v}" for k, v in {**EMBEDDED_DEFAULT, **graph_args}.items()
+        )
+    command += f" ({extra})" if extra else ""
+    if label == "make-run":
+        command += ", make run's switches exported"
+    return command
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=8, help="output tokens per chat")
@@ -202,6 +260,11 @@ def main() -> None:
         help="NAME:K=V,... a graph as make-run with these too (repeatable): upper-case "
         "keys are environment variables, lower-case ones graph args (observability.metrics)",
     )
+    parser.add_argument(
+        "--in-turn",
+        action="store_true",
+        help="each server alone, one after another, not side by side in alternating cells",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the markdown report here")
     parser.add_argument("--json", type=Path, default=None, help="write every cell here")
     args = parser.parse_args()
@@ -210,42 +273,44 @@ def main() -> None:
     with (
         tempfile.TemporaryDirectory(prefix="requests-") as tmp,
         with_collector(args.variant) as traced,
+        contextlib.ExitStack() as vllm_up,
     ):
         work = Path(tmp)
+        vllm: tuple[Server, ServerRun] | None = None
         if "vllm" in chosen:
             run = ServerRun("vllm", "python -m vllm.entrypoints.openai.api_server")
-            with running_vllm(
-                work / "vllm.log",
-                max_model_len=MAX_MODEL_LEN,
-                kv_cache_gib=KV_CACHE_GIB,
-                reasoning_parser="qwen3",
-                tool_call_parser="hermes",
-            ) as server:
-                measure_server(server, run, ["vllm"], args)
-            runs.append(run)
-        for label, env, unset, graph_args in graph_variants(traced.variants):
-            if label not in chosen:
-                continue
-            extra = " ".join(f"{k}={v}" for k, v in env.items() if SERVE_ENV.get(k) != v)
-            command = "serve run graph:app"
-            if graph_args:
-                command = "serve run graph:build_app " + " ".join(
-                    f"{k}={v}" for k, v in {**EMBEDDED_DEFAULT, **graph_args}.items()
+            server = vllm_up.enter_context(
+                running_vllm(
+                    work / "vllm.log",
+                    max_model_len=MAX_MODEL_LEN,
+                    kv_cache_gib=KV_CACHE_GIB,
+                    reasoning_parser="qwen3",
+                    tool_call_parser="hermes",
                 )
-            command += f" ({extra})" if extra else ""
-            if label == "make-run":
-                command += ", make run's switches exported"
+            )
+            runs.append(run)
+            if args.in_turn:
+                measure_server(server, run, ["vllm"], args)
+                vllm_up.close()
+            else:
+                vllm = (server, run)
+        graphs = [
+            (label, env, unset, graph_args, "graph:app", _graph_command(label, env, graph_args))
+            for label, env, unset, graph_args in graph_variants(traced.variants)
+            if label in chosen
+        ]
+        if "floor" in chosen:
+            floor_command = f"serve run {FLOOR_APP}, make run's switches exported"
+            graphs.append(("floor", dict(SERVE_ENV), [], {}, FLOOR_APP, floor_command))
+        for turn, (label, env, unset, graph_args, target, command) in enumerate(graphs):
             run = ServerRun(label, command)
             graph_dir = work / label
             graph_dir.mkdir()
-            with graph_server(graph_dir, env, unset, graph_args=graph_args) as server:
-                measure_server(server, run, list(GRAPH_MODES), args)
-            runs.append(run)
-        if "floor" in chosen:
-            run = ServerRun("floor", f"serve run {FLOOR_APP}, make run's switches exported")
-            (work / "floor").mkdir()
-            with graph_server(work / "floor", dict(SERVE_ENV), [], FLOOR_APP) as server:
-                measure_server(server, run, list(GRAPH_MODES), args)
+            with graph_server(graph_dir, env, unset, target, graph_args) as server:
+                if vllm is None:
+                    measure_server(server, run, list(GRAPH_MODES), args)
+                else:
+                    measure_paired(*vllm, server, run, args, first_round=turn * args.repeat)
             runs.append(run)
     text = report(args, runs) + "\n".join(traced.note())
     print(text)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
+from bench.requests import study
 from bench.requests.processes import (
     DASHBOARD,
     ENGINE,
@@ -91,10 +94,19 @@ def test_a_target_is_met_only_when_every_round_meets_it() -> None:
 
 def test_the_report_names_its_command_and_every_server() -> None:
     args = argparse.Namespace(
-        tokens=8, requests=100, repeat=3, idle_s=30.0, concurrency=[4], servers="vllm,g", variant=[]
+        tokens=8,
+        requests=100,
+        repeat=3,
+        idle_s=30.0,
+        concurrency=[4],
+        servers="vllm,g",
+        variant=[],
+        in_turn=False,
     )
     text = report(args, _runs([55, 60, 60], [60, 65, 75]))
     assert "`python -m bench.requests --tokens 8 --requests 100" in text
+    assert "their cells alternating within each round" in text
+    assert "--in-turn" not in text
     assert "- `g`: `serve run graph:app`" in text
     # 100 requests in 10 s; 50 CPU ms/request, all of it serving work (no engine here)
     assert "| vllm | – | 4 | 10.0 (10.0–10.0) | 40 (40–40) | 40 (40–40) | 90 (90–90) " in text
@@ -116,3 +128,44 @@ def test_the_floor_bound_adds_vllms_engine_to_the_floor() -> None:
     assert "| inline | 4 | 0.40 (0.40–0.40) | 1.20 (1.20–1.20) | ≤ 1.3× |" in lines
     assert any("8.0% of a core more than vLLM's server" in line for line in lines)
     assert floor_table([vllm]) == []
+
+
+def test_side_by_side_cells_alternate_with_the_other_server_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each cell runs with the other server frozen, vLLM's and the graph's cells
+    alternate in an order reversed every other round, and both runs number their
+    rounds from the graph's turn, so the report pairs them."""
+    vllm, graph = object(), object()
+    stopped: list[object] = []
+    seen: list[tuple[str, str, int, int]] = []
+
+    @contextmanager
+    def frozen(server: object) -> Iterator[None]:
+        stopped.append(server)
+        yield
+        stopped.pop()
+
+    def measure_cell(server, label, load, mode, concurrency, requests, round_=0):  # type: ignore[no-untyped-def]
+        seen.append((label, mode, concurrency, round_))
+        assert stopped[-1] is (graph if server is vllm else vllm)
+        return _cell(label, mode, round_, 50.0)
+
+    monkeypatch.setattr(study, "frozen", frozen)
+    monkeypatch.setattr(study, "measure_cell", measure_cell)
+    monkeypatch.setattr(study, "measure_idle", lambda server, idle_s: ({"all": 0.01}, {}))
+    vllm_run, graph_run = ServerRun("vllm", "v"), ServerRun("g", "g")
+    args = argparse.Namespace(tokens=8, requests=10, repeat=2, idle_s=1.0, concurrency=[1, 4])
+    study.measure_paired(vllm, vllm_run, graph, graph_run, args, first_round=2)  # type: ignore[arg-type]
+
+    assert [mode for label, mode, _, _ in seen if label == "warm-up"] == ["vllm", "inline", "tier"]
+    kept = [(mode, c, r) for label, mode, c, r in seen if label != "warm-up"]
+    assert kept == [
+        ("vllm", 1, 2), ("inline", 1, 2), ("tier", 1, 2),
+        ("vllm", 4, 2), ("inline", 4, 2), ("tier", 4, 2),
+        ("tier", 1, 3), ("inline", 1, 3), ("vllm", 1, 3),
+        ("tier", 4, 3), ("inline", 4, 3), ("vllm", 4, 3),
+    ]  # fmt: skip
+    assert [c.round for c in vllm_run.cells] == [2, 2, 3, 3]
+    assert {c.round for c in graph_run.cells} == {2, 3} and len(graph_run.cells) == 8
+    assert vllm_run.idle_core_share and graph_run.idle_core_share

@@ -1,0 +1,55 @@
+"""``bench.harness.freeze``: a server's whole tree stopped for a block, and continued."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from bench.harness.freeze import frozen
+from bench.harness.servers import Server
+
+# A parent that starts a child; both busy-wait, so a stopped one shows as stopped.
+_TREE = (
+    "import subprocess, sys\n"
+    "subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+    "while True: pass\n"
+)
+
+
+def _statuses(pids: list[int]) -> set[str]:
+    return {psutil.Process(pid).status() for pid in pids}
+
+
+def test_every_process_of_the_tree_is_stopped_in_the_block_and_continued_after(
+    tmp_path: Path,
+) -> None:
+    process = subprocess.Popen([sys.executable, "-c", _TREE])
+    try:
+        deadline = time.monotonic() + 30
+        while not (children := psutil.Process(process.pid).children()):
+            assert time.monotonic() < deadline, "the child never started"
+            time.sleep(0.05)
+        pids = [process.pid, children[0].pid]
+        server = Server("http://127.0.0.1:1", process, tmp_path / "log")
+        with pytest.raises(RuntimeError), frozen(server):
+            assert _statuses(pids) == {psutil.STATUS_STOPPED}
+            cpu = [psutil.Process(pid).cpu_times().user for pid in pids]
+            time.sleep(0.3)
+            assert [psutil.Process(pid).cpu_times().user for pid in pids] == cpu
+            raise RuntimeError("continued even so")
+        assert psutil.STATUS_STOPPED not in _statuses(pids)
+    finally:
+        for child in psutil.Process(process.pid).children(recursive=True):
+            child.kill()
+        process.kill()
+        process.wait()
+
+
+def test_no_server_stops_nothing() -> None:
+    with frozen(None):
+        pass
