@@ -59,8 +59,10 @@ def free_port() -> int:
 
 def port_is_free(port: int) -> bool:
     """Whether ``port`` can be bound on 127.0.0.1 now (``serve run graph:app`` takes
-    Serve's default, 8000, and no other)."""
+    Serve's default, 8000, and no other). As the servers bind it: with ``SO_REUSEADDR``,
+    so the connections of a server just stopped (TIME_WAIT, a minute) do not hold it."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:

@@ -1,7 +1,8 @@
-"""``bench.harness.freeze``: a server's whole tree stopped for a block, and continued."""
+"""``bench.harness``: a server's whole tree stopped for a block and continued; its port's check."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ import psutil
 import pytest
 
 from bench.harness.freeze import frozen
-from bench.harness.servers import Server
+from bench.harness.servers import Server, port_is_free
 
 # A parent that starts a child; both busy-wait, so a stopped one shows as stopped.
 _TREE = (
@@ -53,3 +54,21 @@ def test_every_process_of_the_tree_is_stopped_in_the_block_and_continued_after(
 def test_no_server_stops_nothing() -> None:
     with frozen(None):
         pass
+
+
+def test_a_port_is_free_past_its_stopped_servers_connections_but_not_while_one_listens() -> None:
+    """A server that closed its side first leaves the port's connections in TIME_WAIT for a
+    minute; the servers bind over them (SO_REUSEADDR), and so does the check."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = listener.accept()
+    assert not port_is_free(port)
+    accepted.close()  # the server's side closes first: its end waits in TIME_WAIT
+    client.recv(1)
+    client.close()
+    listener.close()
+    assert port_is_free(port)
