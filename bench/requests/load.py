@@ -51,7 +51,7 @@ class ShortChats:
         }
 
 
-def _carries_output(chunk: dict[str, Any]) -> bool:
+def carries_output(chunk: dict[str, Any]) -> bool:
     return any(
         (choice.get("delta") or {}).get(key) for choice in chunk["choices"] for key in _TEXT_KEYS
     )
@@ -65,7 +65,7 @@ async def one_chat(
     first: float | None = None
     used = None
     async for chunk in json_chunks(client, "/v1/chat/completions", body, headers):
-        if first is None and _carries_output(chunk):
+        if first is None and carries_output(chunk):
             first = time.perf_counter()
         if chunk.get("usage"):
             used = chunk["usage"]["completion_tokens"]

@@ -256,7 +256,7 @@ def variants_table(runs: Sequence[ServerRun]) -> list[str]:
     return lines
 
 
-def _host() -> str:
+def host_line() -> str:
     model = ""
     flags = ""
     with contextlib.suppress(OSError):
@@ -270,7 +270,7 @@ def _host() -> str:
     return f"{platform.machine()}, {psutil.cpu_count()} CPUs ({model}, {avx}), {memory:.0f} GiB"
 
 
-def _commit() -> str:
+def commit_id() -> str:
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     return done.stdout.strip() or "unknown"
 
@@ -333,9 +333,9 @@ def report(args: argparse.Namespace, runs: Sequence[ServerRun]) -> str:
     out = [
         "# CPU per request: vLLM's server against the graph",
         "",
-        f"Written by `{argv}` at commit {_commit()}.",
+        f"Written by `{argv}` at commit {commit_id()}.",
         "",
-        f"Host: {_host()}. Load: streamed chats of {args.tokens} tokens "
+        f"Host: {host_line()}. Load: streamed chats of {args.tokens} tokens "
         f"(temperature 0, `ignore_eos`), {args.requests} per cell in a closed loop at each "
         f"concurrency, after a warm-up; {args.repeat} rounds of every cell, {side_by_side}. "
         "Figures are the "

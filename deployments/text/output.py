@@ -18,6 +18,7 @@ from typing import Any, cast
 from vllm.entrypoints.openai.chat_completion.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
+    ChatCompletionResponseStreamChoice,
     ChatCompletionStreamResponse,
 )
 from vllm.entrypoints.openai.completion.protocol import (
@@ -47,7 +48,7 @@ from deployments.text.responses_output import ResponsesOutput
 from deployments.text.sse import DONE, PayloadTap, sse_data, sse_event, sse_stream_payloads
 from deployments.text.stop_strings import cut_at_stop, ended_on_stop_string, ended_on_stop_token
 from deployments.text.stream_derenderer import ChatStreamDerenderer, CompletionStreamDerenderer
-from deployments.transport.coalesce import coalesced
+from deployments.transport.coalesce import NoOutputEvent, coalesced
 from deployments.vllm_adapter.anthropic import anthropic_events, anthropic_message
 from deployments.vllm_adapter.internals import (
     decode_params,
@@ -87,6 +88,24 @@ def tokens_request(
         params.detokenize = False
         update["sampling_params"] = params
     return request.model_copy(update=update)
+
+
+def carries_output(chunk: OpenAIChunk) -> bool:
+    """Whether a client sees anything in the chunk: text, reasoning, a tool call, an end,
+    logprobs or usage (one that does not may leave without starting a coalescing
+    window; ``transport/coalesce.py``)."""
+    if chunk.usage is not None:
+        return True
+    for choice in chunk.choices:
+        if choice.finish_reason is not None or choice.logprobs is not None:
+            return True
+        if isinstance(choice, ChatCompletionResponseStreamChoice):
+            delta = choice.delta
+            if delta.content or delta.reasoning or delta.tool_calls:
+                return True
+        elif choice.text:
+            return True
+    return False
 
 
 class TextOutput:
@@ -346,10 +365,12 @@ class TextOutput:
                 continue
             if to_open is not None:
                 for head in to_open.opening(response_id):
-                    yield sse_event(head, exclude_unset=True)
+                    # No output: it does not hold the first text behind it (coalesce.py).
+                    yield NoOutputEvent(sse_event(head, exclude_unset=True))
                 to_open = None
             chunk = GenerateTokensStreamResponse.model_validate(payload)
             out = await feeder.feed(chunk)
             out.id = response_id
-            yield event(out)
+            written = event(out)
+            yield written if carries_output(out) else NoOutputEvent(written)
         yield f"data: {DONE}\n\n"

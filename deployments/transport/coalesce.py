@@ -9,9 +9,15 @@ events, in the same order) while the hop carries one item per batch. An inline
 text stream that can move sends ``TextSteps`` (its events with the token ids
 they came from), joined the same way.
 
-The first event goes out at once (no TTFT cost). After each item, events
-that arrive within ``window_s`` are held and sent together; a stream slower
-than the window is never delayed. Anything that is not a string (a
+The first event goes out at once (no TTFT cost). After each item that carries
+output, events that arrive within ``window_s`` are held and sent together; a
+stream slower than the window is never delayed. An item without output does not
+start the window (a ``NoOutputEvent``: the role chunk vLLM opens a chat stream
+with, and the empty chunk of an engine output whose text a parser holds back,
+such as a reasoning model's first token; a ``ServedBy`` marker). Otherwise the
+stream's first text, a step later, waited out the window behind them: at
+concurrency 1 the graph's TTFT was 9 ms longer (``python -m bench.requests.ttft``,
+docs/ttft-breakdown.md). Anything that is not a string (a
 ``ServedBy`` marker, an error value, a unary response) goes on its own, in
 order.
 """
@@ -25,6 +31,14 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from deployments.messages.text_steps import TextSteps
+
+
+class NoOutputEvent(str):
+    """An SSE event that carries none of the stream's output (a chat stream's role
+    chunk, an empty delta): it does not start the coalescing window. Joined or
+    sent, it leaves as a plain ``str``."""
+
+    __slots__ = ()
 
 
 class _End:
@@ -74,11 +88,39 @@ async def coalesce_events(source: AsyncIterator[Any], window_s: float) -> AsyncG
                         raise item.error
                     return
                 yield item
-            last_sent = loop.time()
+            if any(is_output(item) for item in batch):
+                last_sent = loop.time()
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def without_output(item: Any) -> bool:
+    """Whether ``item`` is marked as carrying none of the stream's output: a
+    ``NoOutputEvent``, or ``TextSteps`` of one."""
+    text = item.text if isinstance(item, TextSteps) else item
+    return isinstance(text, NoOutputEvent)
+
+
+def is_output(item: Any) -> bool:
+    """Whether ``item`` is stream output that starts a window here: an SSE event (or
+    ``TextSteps``) not marked ``without_output``."""
+    return isinstance(item, (str, TextSteps)) and not without_output(item)
+
+
+def plain(item: Any) -> Any:
+    """``item`` without the ``NoOutputEvent`` marker, as it leaves this process."""
+    if isinstance(item, NoOutputEvent):
+        return str.__str__(item)
+    if isinstance(item, TextSteps) and isinstance(item.text, NoOutputEvent):
+        return TextSteps(str.__str__(item.text), item.events, item.steps, item.finished)
+    return item
+
+
+def _kind(item: Any) -> type:
+    """What joins with what: any ``str`` (``NoOutputEvent`` included) with a ``str``."""
+    return str if isinstance(item, str) else type(item)
 
 
 def _joined(batch: list[Any]) -> list[Any]:
@@ -87,7 +129,7 @@ def _joined(batch: list[Any]) -> list[Any]:
     out: list[Any] = []
     run: list[Any] = []
     for item in batch:
-        if run and type(item) is not type(run[0]):
+        if run and _kind(item) is not _kind(run[0]):
             out.append(_join(run))
             run = []
         if isinstance(item, (str, TextSteps)):
@@ -100,4 +142,6 @@ def _joined(batch: list[Any]) -> list[Any]:
 
 
 def _join(run: list[Any]) -> Any:
-    return "".join(run) if isinstance(run[0], str) else TextSteps.joined(run)
+    """One item for the run, its text a plain ``str`` (an ``NoOutputEvent`` is a marker
+    for this module only)."""
+    return "".join(run) if isinstance(run[0], str) else plain(TextSteps.joined(run))

@@ -35,6 +35,7 @@ from ray.serve.deployment import Deployment
 from ray.serve.handle import DeploymentHandle
 
 from deployments.observability.metrics import graph_metrics
+from deployments.transport.coalesce import plain, without_output
 
 # A stream's last item in its channel: the stream ended.
 STREAM_END = None
@@ -73,6 +74,7 @@ class Outbox:
     def __init__(self) -> None:
         self._items: list[tuple[str, Any]] = []
         self._oldest = 0.0  # when the first of ``_items`` was put (perf_counter)
+        self._output = False  # whether ``_items`` hold anything but ``without_output`` events
         self._wake = asyncio.Event()
         self.closed = False
         self._ending = False
@@ -83,7 +85,8 @@ class Outbox:
             raise ChannelClosedError("the caller's step channel to this replica is closed")
         if not self._items:
             self._oldest = time.perf_counter()
-        self._items.append((key, item))
+        self._output = self._output or not without_output(item)
+        self._items.append((key, plain(item)))
         self._wake.set()
 
     def end(self) -> None:
@@ -97,7 +100,9 @@ class Outbox:
         One ``sleep(0)`` before draining lets every stream the engine step just
         woke put its event first. After a batch, events within ``window_s``
         wait to go together; the first event after a quiet spell never waits
-        (and a stream's first event is not here: it rides on ``OnChannel``).
+        (and a stream's first event is not here: it rides on ``OnChannel``). A
+        batch of ``without_output`` events (an empty chunk) does not start the
+        window, as in ``coalesce.py``.
         """
         loop = asyncio.get_running_loop()
         last_sent = -math.inf
@@ -115,13 +120,15 @@ class Outbox:
             await asyncio.sleep(0)
             self._wake.clear()
             items, self._items = self._items, []
+            output, self._output = self._output, False
             if items:
                 metrics.channel_batch_items.observe(len(items))
                 metrics.channel_wait_seconds.observe(time.perf_counter() - self._oldest)
                 yield items
             if self._ending:
                 return
-            last_sent = loop.time()
+            if output:
+                last_sent = loop.time()
 
 
 class Outboxes:
@@ -153,7 +160,7 @@ class Outboxes:
                         yield item
                         continue
                     outbox = self.get(caller)
-                    yield OnChannel(self._replica, item)
+                    yield OnChannel(self._replica, plain(item))
                     continue
                 outbox.put(key, item)
             if outbox is not None:

@@ -10,7 +10,7 @@ import pytest
 
 from deployments.messages.text_steps import TextSteps
 from deployments.text.sse import DONE, sse_data, sse_payloads, sse_stream_payloads
-from deployments.transport.coalesce import coalesce_events
+from deployments.transport.coalesce import NoOutputEvent, coalesce_events
 
 
 def event(i: int) -> str:
@@ -183,3 +183,44 @@ def test_joined_events_read_back_one_by_one_up_to_done() -> None:
         return [p async for p in sse_stream_payloads(source())]
 
     assert asyncio.run(run()) == [{"i": 0}, {"i": 1}, {"i": 2}]
+
+
+@pytest.mark.parametrize("steps", [False, True], ids=["events", "text-steps"])
+def test_an_opening_without_output_does_not_hold_the_first_text_behind_it(steps: bool) -> None:
+    """A chat stream opens with its role chunk (no text) at the engine's first output;
+    its first text comes a step later. Were the opening to start the window, that
+    text would wait the whole window (a minute here, so the test would time out)."""
+
+    def item(text: str) -> Any:
+        return TextSteps(text, 1, [[7]]) if steps else text
+
+    async def run() -> list[Any]:
+        received = asyncio.Event()
+
+        async def source() -> AsyncIterator[Any]:
+            yield item(NoOutputEvent(event(0)))
+            await received.wait()  # the first text exists only once the opening left
+            yield item(event(1))
+
+        out = []
+        async for sent in coalesce_events(source(), window_s=60):
+            out.append(sent)
+            received.set()
+        return out
+
+    out = asyncio.run(asyncio.wait_for(run(), timeout=30))
+    texts = [sent.text if steps else sent for sent in out]
+    assert texts == [event(0), event(1)]
+    assert [type(text) for text in texts] == [str, str]  # the marker stays in this process
+
+
+def test_an_opening_joins_the_text_queued_with_it_into_one_item() -> None:
+    items = [NoOutputEvent(event(0)), event(1), event(2)]
+
+    async def burst() -> AsyncIterator[str]:  # one loop turn: all queued at once
+        for item in items:
+            yield item
+
+    out = [item for _, item in asyncio.run(collect(burst(), 0.05))]
+    assert out == ["".join(items)]
+    assert type(out[0]) is str

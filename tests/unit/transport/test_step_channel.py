@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from deployments.transport.coalesce import NoOutputEvent
 from deployments.transport.step_channel import (
     STREAM_END,
     ChannelClosedError,
@@ -160,3 +161,21 @@ def test_a_channel_that_ended_is_forgotten() -> None:
         return held_while_open, "gone-replica" in channels._channels
 
     assert asyncio.run(run()) == (True, False)
+
+
+def test_an_event_without_output_does_not_hold_the_next_and_leaves_unmarked() -> None:
+    """A tier stream's empty chunk (its engine's first token held back by a parser)
+    goes on the channel; the first text after it must not wait out the window (a
+    minute here: the test would time out)."""
+
+    async def run() -> list[list[tuple[str, object]]]:
+        box = Outbox()
+        batches = box.batches(window_s=60)
+        box.put("a", NoOutputEvent("data: {}\n\n"))
+        first = await anext(batches)
+        box.put("a", 'data: {"text": 1}\n\n')
+        return [first, await anext(batches)]
+
+    first, second = asyncio.run(asyncio.wait_for(run(), timeout=30))
+    assert first == [("a", "data: {}\n\n")] and type(first[0][1]) is str
+    assert second == [("a", 'data: {"text": 1}\n\n')]
