@@ -14,6 +14,7 @@ The times this takes are measured by ``python -m bench.engine_death``
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import time
@@ -27,6 +28,7 @@ import psutil
 from bench.engine_death import CHAT, engine_core
 from bench.harness.servers import Server
 from bench.harness.sse_reader import Stream
+from bench.observe import REPLICA_TITLE
 from tests.integration.conftest import MODEL
 from tests.integration.test_failure_semantics import (
     HANG_GUARD_S,
@@ -62,6 +64,17 @@ ROUTED_PROBES: tuple[tuple[str, dict[str, Any], dict[str, str]], ...] = (
 )
 
 
+def generate_replicas(app: str = "default") -> list[psutil.Process]:
+    """The processes of ``app``'s Generate replicas on this host, started or starting."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            match = REPLICA_TITLE.search(" ".join(process.cmdline()))
+            if match and (match["app"], match["deployment"]) == (app, "Generate"):
+                found.append(process)
+    return found
+
+
 def wait_all_back(client: httpx.Client, replicas: int) -> None:
     deadline = time.monotonic() + 300
     while len(running_requests(client)) != replicas and time.monotonic() < deadline:
@@ -90,7 +103,8 @@ def test_a_lost_generate_replica_moves_tier_streams_and_with_none_live_requests_
        from the tokens it delivered, as if nothing happened
        (``transport/migration.py``, ``text/inline_move.py``); the conversation's
        next turn is served by the survivor at once.
-    2. Before Serve has replaced the first, the survivor is killed: its engine dies
+    2. The survivor is killed (and the first one's replacement, if Serve has started
+       it by then): its engine dies
        with it, a tier stream on it has nowhere to go and waits for Serve's next
        replica (``generate.migration_wait_s``), where it goes on; with no Generate
        replica live, new requests that need one get 503 + Retry-After at once;
@@ -178,8 +192,15 @@ def test_a_lost_generate_replica_moves_tier_streams_and_with_none_live_requests_
     assert cut.wait_first(60) and cut.error is None, cut.error
     engine_processes = survivor.children(recursive=True)
     assert engine_processes, "the engine runs in child processes of its replica"
-    survivor.send_signal(signal.SIGKILL)
-    psutil.wait_procs([survivor], timeout=HANG_GUARD_S)
+    # Serve may have started the first one's replacement meanwhile (its engine start
+    # races the streams above; one CI run saw it live here, answering 200): it goes
+    # too, so that no Generate replica is live.
+    replacements = [p for p in generate_replicas() if p.pid != survivor.pid]
+    for replica in replacements:
+        engine_processes += replica.children(recursive=True)
+    for replica in [survivor, *replacements]:
+        replica.send_signal(signal.SIGKILL)
+    psutil.wait_procs([survivor, *replacements], timeout=HANG_GUARD_S)
 
     # Until Serve's controller has told the Ingress, a request may still reach a
     # dead replica (503, "a serving tier failed"); after that, the Ingress itself
