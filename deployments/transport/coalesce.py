@@ -142,6 +142,6 @@ def _joined(batch: list[Any]) -> list[Any]:
 
 
 def _join(run: list[Any]) -> Any:
-    """One item for the run, its text a plain ``str`` (an ``NoOutputEvent`` is a marker
+    """One item for the run, its text a plain ``str`` (a ``NoOutputEvent`` is a marker
     for this module only)."""
     return "".join(run) if isinstance(run[0], str) else plain(TextSteps.joined(run))
