@@ -7,13 +7,13 @@ import json
 import math
 import platform
 import statistics
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from bench.harness.prometheus import Prometheus
+from bench.requests.report import commit_id
 from deployments.config.graph_config import REPO_ROOT
 
 DASHBOARD = REPO_ROOT / "k8s/monitoring/grafana-dashboard.json"
@@ -68,11 +68,6 @@ def cost_section(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _commit() -> str:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip() or "unknown"
-
-
 def report(results: dict[str, Any]) -> str:
     args = results["args"]
     lines = [
@@ -80,7 +75,7 @@ def report(results: dict[str, Any]) -> str:
         "",
         f"Written by `python -m bench.observability --tokens {args['tokens']} --requests "
         f"{args['requests']} --concurrency {args['concurrency']} --placements "
-        f"{args['placements']} --out {args['out']}` at commit {_commit()}.",
+        f"{args['placements']} --out {args['out']}` at commit {commit_id()}.",
         "",
         f"Host: {platform.machine()}, {psutil.cpu_count()} CPUs. The graph: the embedded "
         "default (qwen3 reasoning and hermes tool parsers), the product's Serve switches. "

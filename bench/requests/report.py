@@ -7,7 +7,6 @@ import contextlib
 import operator
 import platform
 import statistics
-import subprocess
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -16,6 +15,8 @@ from typing import TYPE_CHECKING
 import psutil
 
 from bench.requests.processes import ENGINE, KINDS
+from bench.startup import revision
+from deployments.config.graph_config import REPO_ROOT as REPO
 
 if TYPE_CHECKING:
     from bench.requests.study import Cell, ServerRun
@@ -271,8 +272,7 @@ def host_line() -> str:
 
 
 def commit_id() -> str:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip() or "unknown"
+    return revision(REPO)
 
 
 def floor_table(runs: Sequence[ServerRun]) -> list[str]:

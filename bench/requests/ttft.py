@@ -150,8 +150,8 @@ async def _block(server: Server, label: str, mode: str, load: ShortChats, n: int
 
 def _wait_for_spans(collector: Collector, sent: Sequence[Sent], timeout_s: float = 60) -> None:
     """Until every request's spans are in (exporters send in batches, up to 5 s late)."""
-    wanted = {(r.trace_id, "POST" if r.server == "graph" else "llm_request") for r in sent}
-    wanted |= {(r.trace_id, "llm_request") for r in sent}
+    wanted = {(r.trace_id, "llm_request") for r in sent}
+    wanted |= {(r.trace_id, "POST") for r in sent if r.server == "graph"}
 
     def done(spans: list[Span]) -> bool:
         names = {(s.trace_id, "POST" if s.name.startswith("POST ") else s.name) for s in spans}
