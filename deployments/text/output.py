@@ -370,6 +370,8 @@ class TextOutput:
                 to_open = None
             chunk = GenerateTokensStreamResponse.model_validate(payload)
             out = await feeder.feed(chunk)
+            if not out.choices and out.usage is None:
+                continue  # a step the parser held whole: vLLM writes nothing for it
             out.id = response_id
             written = event(out)
             yield written if carries_output(out) else NoOutputEvent(written)

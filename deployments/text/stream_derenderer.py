@@ -232,7 +232,8 @@ class ChatStreamDerenderer:
         )
 
     def feed_parsed(self, chunk: GenerateTokensStreamResponse) -> ChatCompletionStreamResponse:
-        """The parsed path: one ``parse_delta`` per engine chunk, no replay."""
+        """The parsed path: one ``parse_delta`` per engine chunk, no replay. A chunk
+        with no choices and no usage has nothing to write (the parser held its text)."""
         request = self._request
         stream_choices: list[ChatCompletionResponseStreamChoice] = []
         return_token_ids = bool(request.return_token_ids and request.include_reasoning)
@@ -268,20 +269,24 @@ class ChatStreamDerenderer:
                     prompt_token_ids=self._prompt_token_ids,
                     finished=finished,
                 )
-            if delta is None:
-                delta = DeltaMessage()
-            if delta.tool_calls:
-                state.tools_streamed = True
-            if not state.role_sent:
-                delta.role = "assistant"
-                state.role_sent = True
-
             logprobs = None
             if choice.logprobs is not None and request.include_reasoning:
                 # Hidden reasoning would leak through decoded logprob tokens,
                 # so vLLM drops logprobs then; keep the same rule.
                 logprobs = resolve_logprobs(choice.logprobs, self._tokenizer, state.logprob_context)
             state.logprob_context = logprob_context_tail(state.logprob_context, delta_ids)
+            if delta is None:
+                # As vLLM's chat server: a step the parser holds everything of (`<think>`,
+                # a tool call's opening) writes no chunk, unless the client asked for
+                # every step's logprobs or token ids. Its ids still count in usage.
+                if state.role_sent and not finished and logprobs is None and not return_token_ids:
+                    continue
+                delta = DeltaMessage()
+            if delta.tool_calls:
+                state.tools_streamed = True
+            if not state.role_sent:
+                delta.role = "assistant"
+                state.role_sent = True
 
             finish_reason = choice.finish_reason
             named_tool = type(request.tool_choice) is ChatCompletionNamedToolChoiceParam
@@ -297,11 +302,15 @@ class ChatStreamDerenderer:
             )
             stream_choices.append(maybe_filter_parallel_tool_calls(stream_choice, request))
 
+        # Every choice skipped: no chunk at all, its continuous usage included (vLLM's).
+        skipped = bool(chunk.choices) and not stream_choices
         return ChatCompletionStreamResponse(
             id=chunk.request_id,
             model=self._model_name,
             choices=stream_choices,
-            usage=_usage(chunk, len(self._prompt_token_ids), self._reasoning_tokens(chunk)),
+            usage=None
+            if skipped
+            else _usage(chunk, len(self._prompt_token_ids), self._reasoning_tokens(chunk)),
             metrics=chunk.metrics,
         )
 

@@ -116,11 +116,13 @@ def streamed(client: httpx.Client, body: dict[str, Any], headers: dict[str, str]
     reasoning: str | None = None
     calls: dict[int, dict[str, Any]] = {}
     finish, usage, logprobs = None, None, []
+    empty_chunks = 0
     for line in response.text.splitlines():
         if not line.startswith("data: ") or line == "data: [DONE]":
             continue
         chunk = json.loads(line[6:])
         assert "error" not in chunk, chunk
+        empty_chunks += carries_nothing(chunk)
         if chunk.get("usage"):
             usage = chunk["usage"]
         for choice in chunk["choices"]:
@@ -143,10 +145,28 @@ def streamed(client: httpx.Client, body: dict[str, Any], headers: dict[str, str]
                 logprobs += [_logprob_entry(e) for e in choice["logprobs"]["content"]]
             finish = choice.get("finish_reason") or finish
     message = {"content": content, "reasoning": reasoning, "tool_calls": list(calls.values())}
-    result = {"message": normalise_message(message), "finish_reason": finish, "usage": usage}
+    result = {
+        "message": normalise_message(message),
+        "finish_reason": finish,
+        "usage": usage,
+        # vLLM's chat server writes no chunk for a step its parsers hold whole.
+        "empty_chunks": empty_chunks,
+    }
     if logprobs:
         result["logprobs"] = logprobs
     return result
+
+
+def carries_nothing(chunk: dict[str, Any]) -> bool:
+    """A chunk a client reads nothing from: no role, text, tool call, end, logprobs,
+    token ids or usage."""
+    return not chunk.get("usage") and all(
+        not any(choice["delta"].values())
+        and choice.get("finish_reason") is None
+        and not choice.get("logprobs")
+        and not choice.get("token_ids")
+        for choice in chunk["choices"]
+    )
 
 
 def with_reasoning_tokens_of(stream: dict[str, Any], unary: dict[str, Any]) -> dict[str, Any]:

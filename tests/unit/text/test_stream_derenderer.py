@@ -210,3 +210,52 @@ def test_after_the_opening_chunks_no_chunk_carries_the_role(vllm_state: Any, n: 
     later = [asyncio.run(ours.feed(chunk)) for chunk in chunks_of(output, 2)]
     assert [c.choices[0].delta.role for c in later] == [None] * len(later)
     assert assemble(later)["content"].strip() == "Hello! How can I help you today?"
+
+
+@pytest.mark.parametrize("return_token_ids", [False, True])
+def test_a_step_the_parser_holds_whole_writes_no_chunk(
+    vllm_state: Any, return_token_ids: bool
+) -> None:
+    """As vLLM's chat server (compared with it in tests/integration/test_parity_vllm.py):
+    the step of ``<think>``, which the reasoning parser holds, writes no chunk, unless
+    the client asked for every step's token ids; its continuous usage goes with it."""
+    request = ChatCompletionRequest.model_validate(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "x"}],
+            "return_token_ids": return_token_ids,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
+    )
+    derenderer = vllm_state.online_derenderer
+    tokenizer = derenderer.renderer.get_tokenizer()
+    output = tokenizer.encode(CASES["reasoning"][0], add_special_tokens=False)
+    think = output[:1]
+    assert tokenizer.decode(think) == "<think>"
+
+    def first_step(opened: bool) -> Any:
+        ours = ChatStreamDerenderer(derenderer, request, [1, 2, 3], MODEL)
+        if opened:
+            ours.opening("chatcmpl-1")
+        step = GenerateTokensStreamResponse.model_validate(
+            {
+                "request_id": "r",
+                "choices": [{"index": 0, "token_ids": think}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+            }
+        )
+        return asyncio.run(ours.feed(step))
+
+    held = first_step(opened=True)
+    if return_token_ids:
+        [choice] = held.choices
+        assert choice.token_ids == think
+        assert choice.delta.content is None and choice.delta.reasoning is None
+        assert held.usage.completion_tokens == 1
+    else:
+        assert held.choices == [] and held.usage is None
+    # A stream not opened by a role chunk (output_mode "derender") puts the role on
+    # its first chunk, held step or not.
+    [unopened] = first_step(opened=False).choices
+    assert unopened.delta.role == "assistant"
