@@ -55,6 +55,16 @@ SERVE_ENV = {
     # 0.6% so (docs/request-overhead/idle.md, and by hand); a new replica's first
     # lines reach `serve run` up to half a second later.
     "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0",
+    # The dashboard's node reporter (one agent per node) walks every Ray process with
+    # psutil and exports node and worker stats every 5 s by default; every 15 s here,
+    # a Prometheus scrape interval. The dashboard head records its own processes' CPU
+    # and memory (smaps of each of its ten module processes) every 5 s; every 60 s
+    # here. Idle, the dashboard's processes took 2.65-2.82% of a core with Ray's
+    # defaults and 2.07-2.23% with these, three samples of 60 s each by hand
+    # (docs/request-overhead/idle-3.md); the dashboard's node view and Ray's node
+    # metrics are up to 15 s old.
+    "REPORTER_UPDATE_INTERVAL_MS": "15000",
+    "METRICS_RECORD_INTERVAL_S": "60",
     # Replica logs stay on stderr (throughput-optimized mode turns it off), so they
     # reach `serve run`'s output and `kubectl logs`: a replica that exits says why there.
     # Serve writes a line per request, not per token.
@@ -83,7 +93,8 @@ WITHOUT_THEM = (
     "Serve's Python proxy in every request's path and Serve's 10 Hz control loop and "
     "metric exports (0.6-1.0x the request rate at concurrency 16 on short chats), "
     "1.1-1.4x the CPU per chat more without throughput-optimized mode; Ray's log "
-    "monitor scanning its log folder 10 times a second (0.6% of a core); bodies capped at "
+    "monitor scanning its log folder 10 times a second (0.6% of a core); the dashboard's "
+    "5 s node reporter and self-metrics (0.6% of a core); bodies capped at "
     "2 MiB; Serve's predictable request "
     "ids; a 500 for a non-UTF-8 X-Request-Id; a crashed Generate replica's engine left "
     "holding its cores"

@@ -48,7 +48,7 @@ from deployments.text.responses_output import ResponsesOutput
 from deployments.text.sse import DONE, PayloadTap, sse_data, sse_event, sse_stream_payloads
 from deployments.text.stop_strings import cut_at_stop, ended_on_stop_string, ended_on_stop_token
 from deployments.text.stream_derenderer import ChatStreamDerenderer, CompletionStreamDerenderer
-from deployments.transport.coalesce import NoOutputEvent, coalesced
+from deployments.transport.coalesce import NoOutputEvent, coalesced, marks_followed
 from deployments.vllm_adapter.anthropic import anthropic_events, anthropic_message
 from deployments.vllm_adapter.internals import (
     decode_params,
@@ -148,8 +148,8 @@ class TextOutput:
             return
         if job.api == "anthropic":
             # vLLM's converter reads the chat events as vLLM's chat server writes them.
-            events = anthropic_events(
-                self.stream(job, result, openai_event, role_chunk=True, tap=tap)
+            events = marks_followed(
+                anthropic_events, self.stream(job, result, openai_event, role_chunk=True, tap=tap)
             )
         elif job.api == "responses":
             events = self._responses.stream(job, result)

@@ -13,8 +13,10 @@ The first event goes out at once (no TTFT cost). After each item that carries
 output, events that arrive within ``window_s`` are held and sent together; a
 stream slower than the window is never delayed. An item without output does not
 start the window (a ``NoOutputEvent``: the role chunk vLLM opens a chat stream
-with, and the empty chunk of an engine output whose text a parser holds back,
-such as a reasoning model's first token; a ``ServedBy`` marker). Otherwise the
+with; the empty chunk of an engine output whose text a parser holds back, such as
+a reasoning model's first token, written when the client asks for every step's
+token ids; what a converter writes for them, ``marks_followed``, such as
+Anthropic's ``message_start``; a ``ServedBy`` marker). Otherwise the
 stream's first text, a step later, waited out the window behind them: at
 concurrency 1 the graph's TTFT was 9 ms longer (``python -m bench.requests.ttft``,
 docs/ttft-breakdown.md). Anything that is not a string (a
@@ -27,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from deployments.messages.text_steps import TextSteps
@@ -94,6 +96,25 @@ async def coalesce_events(source: AsyncIterator[Any], window_s: float) -> AsyncG
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def marks_followed(
+    convert: Callable[[AsyncIterator[str]], AsyncIterator[str]], source: AsyncIterator[str]
+) -> AsyncGenerator[str, None]:
+    """``convert(source)``'s events, each marked ``NoOutputEvent`` when the source event
+    the converter read last was: what a converter writes for a chat stream's role chunk
+    (Anthropic's ``message_start``) carries no output either, and must not hold the
+    first text behind it."""
+    last_marked = False
+
+    async def read() -> AsyncGenerator[str, None]:
+        nonlocal last_marked
+        async for event in source:
+            last_marked = isinstance(event, NoOutputEvent)
+            yield event
+
+    async for event in convert(read()):
+        yield NoOutputEvent(event) if last_marked else event
 
 
 def without_output(item: Any) -> bool:

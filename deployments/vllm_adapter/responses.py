@@ -34,10 +34,16 @@ from vllm.exceptions import GenerationError
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import SamplingParams
 
+from deployments.transport.coalesce import NoOutputEvent
+
 if TYPE_CHECKING:
     from vllm.config import ModelConfig
     from vllm.renderers.online_derenderer import OnlineDerenderer
     from vllm.tokenizers import TokenizerLike
+
+
+# The events vLLM's stream opens with, written before the engine's first output.
+_OPENING = frozenset({"response.created", "response.in_progress"})
 
 
 class _EngineFreeResponses(OpenAIServingResponses):
@@ -155,7 +161,10 @@ class ResponsesConversion:
             *arguments, created_time=int(time.time())
         )
         async for event in events:
-            yield responses_event(event)
+            written = responses_event(event)
+            # vLLM writes these before it reads the engine's first output: they must
+            # not start a coalescing window the first text would then wait out.
+            yield NoOutputEvent(written) if event.type in _OPENING else written
 
     def _arguments(
         self,

@@ -14,7 +14,7 @@ from deployments.config.serve_env import (
     switches_warning,
 )
 
-EXPORT = re.compile(r"^export (RAY_\w+) \?= (\S+)$", re.MULTILINE)
+EXPORT = re.compile(r"^export ((?:RAY_|REPORTER_|METRICS_)\w+) \?= (\S+)$", re.MULTILINE)
 
 
 def test_make_run_exports_the_serve_switches() -> None:

@@ -21,6 +21,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRespo
 from bench.harness.servers import TINY_MODEL
 from deployments.config.graph_config import GraphConfig
 from deployments.render import build_render_state
+from deployments.transport.coalesce import NoOutputEvent, marks_followed
 from deployments.vllm_adapter.anthropic import (
     MessagesConversion,
     anthropic_events,
@@ -146,3 +147,25 @@ def test_a_chat_stream_converts_to_anthropic_events() -> None:
         "message_delta",
         "message_stop",
     ], names  # fmt: skip
+
+
+def test_what_the_converter_writes_for_the_role_chunk_carries_no_output() -> None:
+    """Anthropic's ``message_start`` answers the chat stream's role chunk: marked as
+    that chunk is, it does not start a coalescing window, so the first text does not
+    wait out the window behind it (``transport/coalesce.py``)."""
+    usage = {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}
+
+    def chunk(choices: list[dict[str, Any]]) -> str:
+        body = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
+                "model": MODEL, "choices": choices, "usage": usage}  # fmt: skip
+        return f"data: {json.dumps(body)}\n\n"
+
+    async def chat() -> AsyncIterator[str]:
+        yield NoOutputEvent(chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}}]))
+        yield chunk([{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}])
+        yield "data: [DONE]\n\n"
+
+    events = asyncio.run(_collect(marks_followed(anthropic_events, chat())))
+    marked = [event.split("\n", 1)[0] for event in events if isinstance(event, NoOutputEvent)]
+    assert marked == ["event: message_start"], events
+    assert any("content_block_delta" in event for event in events)

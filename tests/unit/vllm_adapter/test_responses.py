@@ -19,6 +19,7 @@ from vllm.renderers.online_derenderer import OnlineDerenderer
 from bench.harness.servers import TINY_MODEL
 from deployments.config.graph_config import GraphConfig
 from deployments.render import build_render_state
+from deployments.transport.coalesce import NoOutputEvent
 from deployments.vllm_adapter.responses import (
     ResponsesAdmission,
     ResponsesConversion,
@@ -125,6 +126,9 @@ def test_the_stream_is_vllms_events_in_order(derenderer: OnlineDerenderer) -> No
         events = asyncio.run(run())
     names = [event.split("\n", 1)[0].removeprefix("event: ") for event in events]
     assert names[:2] == ["response.created", "response.in_progress"], names
+    # Written before the engine's first output, they start no coalescing window.
+    assert [isinstance(e, NoOutputEvent) for e in events[:3]] == [True, True, False]
+    assert not any(isinstance(e, NoOutputEvent) for e in events[2:])
     assert names[-1] == "response.completed", names
     assert "response.reasoning_text.delta" in names and "response.output_text.delta" in names
     data = [json.loads(event.split("\ndata: ", 1)[1]) for event in events]
