@@ -60,9 +60,9 @@ SERVE_ENV = {
     # a Prometheus scrape interval. The dashboard head records its own processes' CPU
     # and memory (smaps of each of its ten module processes) every 5 s; every 60 s
     # here. Idle, the dashboard's processes took 2.65-2.82% of a core with Ray's
-    # defaults and 2.07-2.23% with these, three samples of 60 s each by hand
-    # (docs/request-overhead/idle-3.md); the dashboard's node view and Ray's node
-    # metrics are up to 15 s old.
+    # defaults and 2.07-2.23% with these (three samples of 60 s each by hand), 2.9%
+    # and 2.4% side by side in python -m bench.requests (docs/request-overhead/idle-3.md).
+    # What it costs: the dashboard's node view and Ray's node metrics are up to 15 s old.
     "REPORTER_UPDATE_INTERVAL_MS": "15000",
     "METRICS_RECORD_INTERVAL_S": "60",
     # Replica logs stay on stderr (throughput-optimized mode turns it off), so they
