@@ -121,14 +121,15 @@ async def _collect(events: AsyncIterator[str]) -> list[str]:
     return [event async for event in events]
 
 
-def test_a_chat_stream_converts_to_anthropic_events() -> None:
+def chunk(choices: list[dict[str, Any]]) -> str:
+    """A chat stream's SSE event, as vLLM's chat server writes one with usage."""
     usage = {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}
+    body = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
+            "model": MODEL, "choices": choices, "usage": usage}  # fmt: skip
+    return f"data: {json.dumps(body)}\n\n"
 
-    def chunk(choices: list[dict[str, Any]]) -> str:
-        body = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
-                "model": MODEL, "choices": choices, "usage": usage}  # fmt: skip
-        return f"data: {json.dumps(body)}\n\n"
 
+def test_a_chat_stream_converts_to_anthropic_events() -> None:
     async def chat() -> AsyncIterator[str]:
         yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}}])
         yield chunk([{"index": 0, "delta": {"reasoning": "hm"}}])
@@ -153,12 +154,6 @@ def test_what_the_converter_writes_for_the_role_chunk_carries_no_output() -> Non
     """Anthropic's ``message_start`` answers the chat stream's role chunk: marked as
     that chunk is, it does not start a coalescing window, so the first text does not
     wait out the window behind it (``transport/coalesce.py``)."""
-    usage = {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}
-
-    def chunk(choices: list[dict[str, Any]]) -> str:
-        body = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
-                "model": MODEL, "choices": choices, "usage": usage}  # fmt: skip
-        return f"data: {json.dumps(body)}\n\n"
 
     async def chat() -> AsyncIterator[str]:
         yield NoOutputEvent(chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}}]))
