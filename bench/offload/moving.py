@@ -16,7 +16,7 @@ import os
 import time
 from typing import Any
 
-import httpx
+import uvloop
 
 from bench.harness.cluster import LocalCluster
 from bench.harness.pinning import HEAD, pin
@@ -40,13 +40,11 @@ async def closed_loop(
     deadline = time.monotonic() + phase_s
     done: list[TimedStream] = []
 
-    async def client(http: httpx.AsyncClient) -> None:
+    async def client() -> None:
         while time.monotonic() < deadline:
-            done.append(await timed_chat(http, url, body, headers))
+            done.append(await timed_chat(url, body, headers))
 
-    limits = httpx.Limits(max_connections=streams + 4)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
-        await asyncio.gather(*(client(http) for _ in range(streams)))
+    await asyncio.gather(*(client() for _ in range(streams)))
     return done
 
 
@@ -68,7 +66,7 @@ def moving_load(
             os.sched_setaffinity(0, cores[HEAD])
             before, client_before = cpu_snapshot(cluster), client_cpu_s()
             start = time.monotonic()
-            done = asyncio.run(closed_loop(url, args.moving_streams, placement, body, args.phase_s))
+            done = uvloop.run(closed_loop(url, args.moving_streams, placement, body, args.phase_s))
             wall = time.monotonic() - start
             cpu = cpu_between(before, cpu_snapshot(cluster))
             cpu["client"] = {"client": round(client_cpu_s() - client_before, 3)}

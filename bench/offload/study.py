@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
+import uvloop
 import yaml
 
 from bench.harness.cluster import (
@@ -183,17 +183,11 @@ def cpu_between(
 async def one_round(
     base_url: str, streams: int, placement_: str, tokens: int, pace_ms: float
 ) -> tuple[float, list[TimedStream]]:
-    limits = httpx.Limits(max_connections=streams + 4)
     headers = {"X-Text-Placement": placement_}
-    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
-        start = time.monotonic()
-        done = await asyncio.gather(
-            *(
-                timed_chat(http, f"{base_url}/v1/chat/completions", chat(tokens, pace_ms), headers)
-                for _ in range(streams)
-            )
-        )
-        return time.monotonic() - start, list(done)
+    url, body = f"{base_url}/v1/chat/completions", chat(tokens, pace_ms)
+    start = time.monotonic()
+    done = await asyncio.gather(*(timed_chat(url, body, headers) for _ in range(streams)))
+    return time.monotonic() - start, list(done)
 
 
 def _ms(value: float | None) -> float | None:
@@ -209,7 +203,7 @@ def measure(
 ) -> Round:
     layout, pace_ms, streams = cell
     before, client_before = cpu_snapshot(cluster), client_cpu_s()
-    wall, done = asyncio.run(one_round(base_url, streams, placement_, tokens, pace_ms))
+    wall, done = uvloop.run(one_round(base_url, streams, placement_, tokens, pace_ms))
     cpu = cpu_between(before, cpu_snapshot(cluster))
     cpu["client"] = {"client": round(client_cpu_s() - client_before, 3)}
     requests = [stream_record(s) for s in done]
@@ -250,7 +244,7 @@ def run(args: argparse.Namespace, work: Path) -> Study:
             # This client runs where the head does: never on the engine's own cores.
             os.sched_setaffinity(0, cores[HEAD])
             for placement_ in PLACEMENTS:  # warm every path (auto: its load reading)
-                asyncio.run(one_round(base_url, 4, placement_, 16, 0))
+                uvloop.run(one_round(base_url, 4, placement_, 16, 0))
             for pace in args.pace_ms:
                 for streams in args.streams:
                     for round_ in range(args.rounds):

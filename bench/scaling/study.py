@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
+import uvloop
 
 from bench.harness.servers import TINY_MODEL, long_chat, running_graph
 from bench.harness.timed_stream import timed_chat
@@ -145,28 +145,27 @@ class Sampler(threading.Thread):
             before = now
 
 
-async def one_stream(http: httpx.AsyncClient, base_url: str, phase: Phase, start: float) -> Request:
+async def one_stream(base_url: str, phase: Phase, start: float) -> Request:
     body = long_chat(PROMPT, phase.tokens, phase.pace_ms or None)
-    timed = await timed_chat(http, f"{base_url}/v1/chat/completions", body)
+    timed = await timed_chat(f"{base_url}/v1/chat/completions", body, timeout_s=300)
     ended = round(time.monotonic() - start, 2)
     started = round(timed.started - start, 2)
     return Request(phase.name, started, timed.text_tpot_ms, timed.tokens, timed.ok, ended)
 
 
 async def run_phases(base_url: str, run: Run, sampler: Sampler, start: float) -> None:
-    async with httpx.AsyncClient(timeout=300) as http:
-        for phase in PHASES:
-            sampler.phase = phase.name
-            run.phase_starts.append(round(time.monotonic() - start, 2))
-            end = time.monotonic() + phase.seconds
-
-            async def worker(phase: Phase = phase, end: float = end) -> None:
-                while time.monotonic() < end:
-                    run.requests.append(await one_stream(http, base_url, phase, start))
-
-            await asyncio.gather(*(worker() for _ in range(phase.streams)))
-            await asyncio.sleep(max(0.0, end - time.monotonic()))
+    for phase in PHASES:
+        sampler.phase = phase.name
         run.phase_starts.append(round(time.monotonic() - start, 2))
+        end = time.monotonic() + phase.seconds
+
+        async def worker(phase: Phase = phase, end: float = end) -> None:
+            while time.monotonic() < end:
+                run.requests.append(await one_stream(base_url, phase, start))
+
+        await asyncio.gather(*(worker() for _ in range(phase.streams)))
+        await asyncio.sleep(max(0.0, end - time.monotonic()))
+    run.phase_starts.append(round(time.monotonic() - start, 2))
 
 
 def run_signal(signal: str, work: Path) -> Run:
@@ -175,13 +174,13 @@ def run_signal(signal: str, work: Path) -> Run:
     with running_graph(work, {"default": ("/", graph_args(signal))}) as server:
         # A few streams first: the engine's and the tier's first calls are slow.
         warm = Phase("warm-up", streams=4, seconds=5, tokens=32)
-        asyncio.run(_warm(server.base_url, warm))
+        uvloop.run(_warm(server.base_url, warm))
         time.sleep(30)  # the warm-up's load out of Serve's look-back window
         start, wall_start = time.monotonic(), time.time()
         sampler = Sampler(run, start, urlsplit(server.base_url).port or 80)
         sampler.start()
         try:
-            asyncio.run(run_phases(server.base_url, run, sampler, start))
+            uvloop.run(run_phases(server.base_url, run, sampler, start))
         finally:
             sampler.stopped.set()
             sampler.join()
@@ -209,8 +208,7 @@ def controller_decisions(since: float) -> list[tuple[float, str]]:
 
 
 async def _warm(base_url: str, phase: Phase) -> None:
-    async with httpx.AsyncClient(timeout=300) as http:
-        await asyncio.gather(*(one_stream(http, base_url, phase, 0) for _ in range(phase.streams)))
+    await asyncio.gather(*(one_stream(base_url, phase, 0) for _ in range(phase.streams)))
 
 
 def main() -> None:
