@@ -14,13 +14,12 @@ the continuations equal to the run's rest, and where the others first differ.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import tempfile
 from pathlib import Path
 
 import httpx
 
+from bench.harness.host import host_line
 from bench.harness.servers import running_vllm
 from bench.startup import revision
 from deployments.config.graph_config import TINY_MODEL
@@ -76,12 +75,6 @@ def measure(prompts: int, tokens: int) -> list[tuple[int, int, int | None]]:
     return rows
 
 
-def _host() -> str:
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    simd = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
-    return f"{platform.machine()}, {os.cpu_count()} CPUs, {simd}"
-
-
 def report(rows: list[tuple[int, int, int | None]], prompts: int, tokens: int) -> str:
     equal = sum(differ is None for _, _, differ in rows)
     lines = [
@@ -94,7 +87,7 @@ def report(rows: list[tuple[int, int, int | None]], prompts: int, tokens: int) -
         "point *k* (what a moved stream asks the new engine for), prefix caching off (the "
         "new engine prefills every token).",
         "",
-        f"Host: {_host()}. Kernels differ by instruction set, so another host may part "
+        f"Host: {host_line()}. Kernels differ by instruction set, so another host may part "
         "where this one does not.",
         "",
         f"**{equal} of {len(rows)} continuations equal the uninterrupted run's rest.**",

@@ -29,6 +29,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from bench.harness.host import host_line
 from bench.harness.servers import (
     PRISTINE_ENV,
     REPO,
@@ -217,19 +218,6 @@ def report(starts: list[Start], command: str, host: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def host_text() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    memory = psutil.virtual_memory().total / 2**30
-    return f"{psutil.cpu_count()} CPUs ({cpu}), {memory:.0f} GiB"
-
-
 def main(argv: list[str] | None = None) -> None:
     cli = argparse.ArgumentParser(prog="python -m bench.startup", description=__doc__)
     cli.add_argument("--rounds", type=int, default=2)
@@ -250,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
         starts.append(start_vllm(round_, args.work))
         print(asdict(starts[-1]), flush=True)
     command = " ".join(["python -m bench.startup", *(argv if argv is not None else sys.argv[1:])])
-    args.out.write_text(report(starts, command, host_text()))
+    args.out.write_text(report(starts, command, host_line()))
     (args.work / "starts.json").write_text(json.dumps([asdict(s) for s in starts], indent=1))
     print(f"wrote {args.out}")
 

@@ -271,6 +271,11 @@ def runs_section(work: Path) -> list[str]:
     ]
 
 
+def _host(host: dict[str, Any]) -> str:
+    """As the run recorded it (runs before the CPU was recorded: machine and CPUs)."""
+    return str(host.get("line") or f"{host['machine']}, {host['cpus']} CPUs")
+
+
 def pinning_rows(pinning: list[dict[str, Any]]) -> list[str]:
     counts = Counter((p["group"], p["cores"]) for p in pinning)
     kinds: dict[tuple[str, str], set[str]] = {}
@@ -331,7 +336,7 @@ def write_report(data: dict[str, Any], out: Path) -> None:
         f"--streams {','.join(map(str, a['streams']))} --rounds {a['rounds']} --out {out}` "
         f"(results in `{out.with_suffix('')}/`)",
         "",
-        f"Host: {data['host']['machine']}, {data['host']['cpus']} CPUs. A local Ray cluster "
+        f"Host: {_host(data['host'])}. A local Ray cluster "
         "shaped like `k8s/overlays/cpu` (`bench/harness/cluster.py`), one node per group, "
         "in two layouts (`bench/harness/pinning.py`). *disjoint*: the engine node's "
         "processes (the Generate replica, vLLM's engine core and worker) on core "

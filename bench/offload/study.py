@@ -47,6 +47,7 @@ from bench.harness.cluster import (
     local_cluster,
     set_client_env,
 )
+from bench.harness.host import host_line
 from bench.harness.kustomize import overlay
 from bench.harness.pinning import HEAD, by_group, cores_text, pin, placement
 from bench.harness.servers import long_chat
@@ -226,7 +227,7 @@ def run(args: argparse.Namespace, work: Path) -> Study:
     set_client_env()
     rayservice = overlay("cpu")
     study = Study(
-        host={"machine": platform.machine(), "cpus": psutil.cpu_count()},
+        host={"machine": platform.machine(), "cpus": psutil.cpu_count(), "line": host_line()},
         args={k: v for k, v in vars(args).items() if k not in ("out", "work", "report_only")},
     )
     # The cluster's own log goes beside Ray's, not into the results folder.

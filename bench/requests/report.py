@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import operator
-import platform
 import statistics
 from collections.abc import Callable, Sequence
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-import psutil
-
+from bench.harness.host import host_line
 from bench.requests.processes import ENGINE, KINDS
 from bench.startup import revision
 from deployments.config.graph_config import REPO_ROOT as REPO
@@ -255,20 +251,6 @@ def variants_table(runs: Sequence[ServerRun]) -> list[str]:
                     f"{spread(serving, '.3f')} |"
                 )
     return lines
-
-
-def host_line() -> str:
-    model = ""
-    flags = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and not model:
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags") and not flags:
-                flags = line
-    avx = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
-    memory = psutil.virtual_memory().total / 2**30
-    return f"{platform.machine()}, {psutil.cpu_count()} CPUs ({model}, {avx}), {memory:.0f} GiB"
 
 
 def commit_id() -> str:

@@ -30,11 +30,12 @@ from pathlib import Path
 import httpx
 
 from bench.harness.freeze import frozen
+from bench.harness.host import host_line
 from bench.harness.otlp_collector import Collector, Span, running_collector
 from bench.harness.servers import Server, running_vllm
 from bench.harness.sse_chunks import json_chunks
 from bench.requests.load import ShortChats, carries_output
-from bench.requests.report import commit_id, host_line
+from bench.requests.report import commit_id
 from bench.requests.study import GRAPH_MODES, KV_CACHE_GIB, MAX_MODEL_LEN, graph_server
 from deployments.config.graph_config import TINY_MODEL
 from deployments.config.serve_env import SERVE_ENV

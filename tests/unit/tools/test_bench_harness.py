@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import socket
 import subprocess
 import sys
@@ -72,3 +73,12 @@ def test_a_port_is_free_past_its_stopped_servers_connections_but_not_while_one_l
     client.close()
     listener.close()
     assert port_is_free(port)
+
+
+def test_the_host_line_names_the_cpu_and_its_vector_width() -> None:
+    from bench.harness.host import host_line
+
+    line = host_line()
+    assert line.startswith(f"{platform.machine()}, {psutil.cpu_count()} CPUs (")
+    assert any(f", {simd})" in line for simd in ("AVX-512", "AVX2", "no AVX2")), line
+    assert line.endswith(" GiB")
