@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import platform
 import sys
 import time
 from collections.abc import Iterator
@@ -31,11 +30,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
-import psutil
 
 from bench.arrivals import Phase, arrival_times
 from bench.cells import run_cell, wait_engines_idle
 from bench.clients import CLIENTS, Client
+from bench.harness.host import host_line
 from bench.harness.servers import running_vllm_as_graph
 from bench.shapes import BenchRequest, make_requests
 from bench.stats import CellSummary, summarize
@@ -169,7 +168,7 @@ def report(args: argparse.Namespace, results: dict[str, list[Rung]]) -> str:
         "",
         f"`{' '.join(['python -m bench.capacity', *sys.argv[1:]])}`",
         "",
-        f"Host: {platform.machine()}, {psutil.cpu_count()} CPUs. Shape {args.shape}, length "
+        f"Host: {host_line()}. Shape {args.shape}, length "
         f"scale {args.length_scale:g}, {args.duration:g} s of Poisson arrivals per rate "
         f"(seed {args.seed}), drain budget {args.drain:g} s. *Idle*: "
         f"{args.idle_requests} requests one at a time, after {WARM_UP} warm-up requests. "

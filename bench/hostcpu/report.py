@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import psutil
+from bench.harness.host import host_line
 
 TIERS = ("Generate", "Derender", "Ingress", "proxy", "Render")
 GRAPH_MODES = ("tokens", "inline", "tier")
@@ -114,7 +113,7 @@ def report(args: argparse.Namespace, results: list[Result], labels: list[str]) -
         "",
         f"`{' '.join(['python -m bench.hostcpu', *sys.argv[1:]])}`",
         "",
-        f"Host: {platform.machine()}, {psutil.cpu_count()} CPUs; {args.streams} chat streams "
+        f"Host: {host_line()}; {args.streams} chat streams "
         f"of {args.tokens} tokens at once ({args.traffic} traffic: `bench/hostcpu/study.py`), "
         f"engine step held {args.pace_ms:g} ms; "
         f"one Generate and one Derender replica; each row warmed up, then run "

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import platform
 import signal
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import psutil
 
+from bench.harness.host import host_line
 from bench.harness.servers import VENV_BIN, Server
 from bench.requests.load import ShortChats, closed_loop
 from bench.requests.processes import kind_of
@@ -188,7 +188,7 @@ def report(args: argparse.Namespace, profiles: list[Profile], idle: list[Idle]) 
         "",
         f"`{' '.join(['python -m bench.requests.profile', *sys.argv[1:]])}`",
         "",
-        f"Host: {platform.machine()}, {psutil.cpu_count()} CPUs. `serve run graph:app` with "
+        f"Host: {host_line()}. `serve run graph:app` with "
         f"`make run`'s switches; streamed chats of {args.tokens} tokens in a closed loop at "
         f"concurrency {args.concurrency}, {args.requests} requests per replica profiled, "
         f"py-spy at {args.rate} Hz on the thread holding the GIL. *CPU*: the replica's, "
