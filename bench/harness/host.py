@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import platform
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -27,3 +28,9 @@ def host_line() -> str:
     """``x86_64, 2 CPUs (AMD EPYC …, AVX-512), 24 GiB``."""
     memory = psutil.virtual_memory().total / 2**30
     return f"{platform.machine()}, {psutil.cpu_count()} CPUs ({cpu_text()}), {memory:.0f} GiB"
+
+
+def recorded_host_line(host: dict[str, Any]) -> str:
+    """A run's host as its results recorded it: ``host_line()`` under ``line``, or, in
+    runs from before the CPU was recorded, the machine and its CPUs."""
+    return str(host.get("line") or f"{host['machine']}, {host['cpus']} CPUs")

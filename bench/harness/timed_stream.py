@@ -202,6 +202,11 @@ class _ChatReader(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
+    def abort(self) -> None:
+        """Drop the connection now (the call timed out)."""
+        if self._transport is not None:
+            self._transport.abort()  # type: ignore[attr-defined]
+
 
 async def timed_chat(
     url: str, body: dict[str, Any], headers: dict[str, str] | None = None, timeout_s: float = 600
@@ -230,8 +235,8 @@ async def timed_chat(
             await reader.done
     except (OSError, TimeoutError) as e:
         failure = f"{type(e).__name__}: {e}"
-        if reader is not None and reader._transport is not None:
-            reader._transport.abort()  # type: ignore[attr-defined]
+        if reader is not None:
+            reader.abort()
         status = None if reader is None else reader.status
         placed = None if reader is None else reader.placed
         return timer.result(status, placed, failure)

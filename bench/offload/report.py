@@ -12,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display on a server
 import matplotlib.pyplot as plt
 
+from bench.harness.host import recorded_host_line
 from bench.stats import percentile
 
 NAMES = {"inline": "I", "tier": "S", "auto": "A"}
@@ -271,11 +272,6 @@ def runs_section(work: Path) -> list[str]:
     ]
 
 
-def _host(host: dict[str, Any]) -> str:
-    """As the run recorded it (runs before the CPU was recorded: machine and CPUs)."""
-    return str(host.get("line") or f"{host['machine']}, {host['cpus']} CPUs")
-
-
 def pinning_rows(pinning: list[dict[str, Any]]) -> list[str]:
     counts = Counter((p["group"], p["cores"]) for p in pinning)
     kinds: dict[tuple[str, str], set[str]] = {}
@@ -336,7 +332,7 @@ def write_report(data: dict[str, Any], out: Path) -> None:
         f"--streams {','.join(map(str, a['streams']))} --rounds {a['rounds']} --out {out}` "
         f"(results in `{out.with_suffix('')}/`)",
         "",
-        f"Host: {_host(data['host'])}. A local Ray cluster "
+        f"Host: {recorded_host_line(data['host'])}. A local Ray cluster "
         "shaped like `k8s/overlays/cpu` (`bench/harness/cluster.py`), one node per group, "
         "in two layouts (`bench/harness/pinning.py`). *disjoint*: the engine node's "
         "processes (the Generate replica, vLLM's engine core and worker) on core "

@@ -82,3 +82,11 @@ def test_the_host_line_names_the_cpu_and_its_vector_width() -> None:
     assert line.startswith(f"{platform.machine()}, {psutil.cpu_count()} CPUs (")
     assert any(f", {simd})" in line for simd in ("AVX-512", "AVX2", "no AVX2")), line
     assert line.endswith(" GiB")
+
+
+def test_a_run_from_before_the_cpu_was_recorded_names_machine_and_cpus() -> None:
+    from bench.harness.host import recorded_host_line
+
+    assert recorded_host_line({"machine": "x86_64", "cpus": 2}) == "x86_64, 2 CPUs"
+    line = "x86_64, 2 CPUs (AMD EPYC, AVX-512), 24 GiB"
+    assert recorded_host_line({"machine": "x86_64", "cpus": 2, "line": line}) == line
