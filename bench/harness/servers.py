@@ -35,9 +35,12 @@ PRISTINE_ENV = dict(os.environ)
 VENV_BIN = Path(sys.executable).parent
 
 
-def long_chat(prompt: str, max_tokens: int, pace_ms: float | None = None) -> dict[str, Any]:
+def long_chat(
+    prompt: str, max_tokens: int, pace_ms: float | None = None, pace_cpu_ms: float = 0.0
+) -> dict[str, Any]:
     """A streamed chat with the embedded model of exactly ``max_tokens`` (``ignore_eos``),
-    its usage last; each engine step held ``pace_ms`` if given (``paced_decode.py``)."""
+    its usage last; each engine step held ``pace_ms`` if given, ``pace_cpu_ms`` of it
+    CPU work on the engine's thread (``paced_decode.py``)."""
     body: dict[str, Any] = {
         "model": str(TINY_MODEL),
         "messages": [{"role": "user", "content": prompt}],
@@ -48,6 +51,8 @@ def long_chat(prompt: str, max_tokens: int, pace_ms: float | None = None) -> dic
     }
     if pace_ms is not None:
         body["vllm_xargs"] = {"pace_ms": pace_ms}
+        if pace_cpu_ms:
+            body["vllm_xargs"]["pace_cpu_ms"] = pace_cpu_ms
     return body
 
 

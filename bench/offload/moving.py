@@ -21,6 +21,7 @@ import uvloop
 from bench.harness.cluster import LocalCluster
 from bench.harness.pinning import HEAD, pin
 from bench.harness.timed_stream import TimedStream, timed_chat
+from bench.offload.load import Load
 from bench.offload.study import (
     PLACEMENTS,
     chat,
@@ -56,7 +57,7 @@ def moving_load(
     text: set[int],
 ) -> list[dict[str, Any]]:
     pace = args.pace_ms[0]
-    body = chat(args.moving_tokens, pace)
+    body = chat(args.moving_tokens, pace, Load.of(args))
     url = f"{base_url}/v1/chat/completions"
     phases = []
     for placement in PLACEMENTS:

@@ -13,6 +13,7 @@ matplotlib.use("Agg")  # files only; no display on a server
 import matplotlib.pyplot as plt
 
 from bench.harness.host import recorded_host_line
+from bench.offload.load import Load
 from bench.stats import percentile
 
 NAMES = {"inline": "I", "tier": "S", "auto": "A"}
@@ -92,7 +93,7 @@ def cell_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 def ratio_rows(data: dict[str, Any]) -> list[str]:
     """S ÷ I per cell: pooled TPOT p50, the range of the rounds' own ratios (each
     round of S against the round of I next to it), and tokens/s."""
-    rows = []
+    rows, load = [], Load.recorded(data["args"])
     for (layout, pace, streams), by in _cells(data).items():
         if not {"inline", "tier"} <= set(by):
             continue
@@ -104,7 +105,8 @@ def ratio_rows(data: dict[str, Any]) -> list[str]:
         ]
         spread = f"{min(pairs):.2f}–{max(pairs):.2f}" if pairs else "–"
         rows.append(
-            f"| {layout} | {pace:g} | {streams} | {s['tpot_p50'] / i['tpot_p50']:.2f}× | {spread} "
+            f"| {layout} | {load.step_label(pace)} | {streams} "
+            f"| {s['tpot_p50'] / i['tpot_p50']:.2f}× | {spread} "
             f"| {s['tokens_per_s'] / i['tokens_per_s']:.2f}× "
             f"| {s['ttft_p50'] / i['ttft_p50']:.2f}× | {auto_cells(by, i, s)} |"
         )
@@ -143,14 +145,14 @@ def ratio_table(data: dict[str, Any]) -> list[str]:
 
 
 def cell_rows(data: dict[str, Any]) -> list[str]:
-    rows = []
+    rows, load = [], Load.recorded(data["args"])
     for (layout, pace, streams), by in _cells(data).items():
         for placement in NAMES:
             if placement not in by:
                 continue
             c = cell_summary(by[placement])
             rows.append(
-                f"| {layout} | {pace:g} | {streams} | {NAMES[placement]} "
+                f"| {layout} | {load.step_label(pace)} | {streams} | {NAMES[placement]} "
                 f"| {c['ok']} / {c['requests']} "
                 f"| {_fmt(c['ttft_p50'], 0)} | {_fmt(c['tpot_p50'])} | {_fmt(c['tpot_p95'])} "
                 f"| {c['tokens_per_s']:.0f} | {c['engine_cores']:.2f} | {c['text_cores']:.2f} "
@@ -237,11 +239,11 @@ def moving_section(data: dict[str, Any]) -> list[str]:
 
 
 def runs_section(work: Path) -> list[str]:
-    """The other runs kept beside this one (``run-*.json``): S ÷ I and A ÷ the better, per
-    cell, so a reader sees the spread between runs and not one run's figures alone."""
+    """The other runs kept beside this one (``run-*.json``): the spread between runs."""
     rows = []
     for path in sorted(work.glob("run-*.json")):
         data = json.loads(path.read_text())
+        load = Load.recorded(data["args"])
         for (layout, pace, streams), by in _cells(data).items():
             if not {"inline", "tier"} <= set(by):
                 continue
@@ -249,7 +251,7 @@ def runs_section(work: Path) -> list[str]:
             auto = "–"
             if "auto" in by:
                 auto = f"{auto_over_better(cell_summary(by['auto']), i, s):.2f}×"
-            rows.append(f"| {path.stem} | {layout} | {pace:g} | {streams} "
+            rows.append(f"| {path.stem} | {layout} | {load.step_label(pace)} | {streams} "
                         f"| {s['tpot_p50'] / i['tpot_p50']:.2f}× | {auto} |")  # fmt: skip
         for index, layout, phased in _phases(data):
             p50 = _phase_p50s(phased)
@@ -322,14 +324,15 @@ def plot(data: dict[str, Any], path: Path) -> None:
 def write_report(data: dict[str, Any], out: Path) -> None:
     image = out.with_suffix(".png")
     plot(data, image)
-    a = data["args"]
+    a, load = data["args"], Load.recorded(data["args"])
     engine = ",".join(map(str, a["engine_cores"]))
     text = ",".join(map(str, a["text_cores"]))
     lines = [
         "# Where the derender tier wins: an engine host short of CPU",
         "",
         f"`python -m bench.offload --pace-ms {','.join(f'{p:g}' for p in a['pace_ms'])} "
-        f"--streams {','.join(map(str, a['streams']))} --rounds {a['rounds']} --out {out}` "
+        f"--streams {','.join(map(str, a['streams']))} --rounds {a['rounds']}{load.flags()} "
+        f"--out {out}` "
         f"(results in `{out.with_suffix('')}/`)",
         "",
         f"Host: {recorded_host_line(data['host'])}. A local Ray cluster "
@@ -339,15 +342,15 @@ def write_report(data: dict[str, Any], out: Path) -> None:
         f"{engine}; the CPU node's (Ingress, Render, Derender), the head's (Serve's "
         f"controller, HAProxy) and the load's client on core {text}. *shared*: every "
         "process on every core, as on one host. Every engine step is held the cell's "
-        "*step* (a sleep: a GPU's step leaves the host's CPU free) on top of the tiny "
-        "model's own work. One deployment serves both placements, chosen per request "
-        "(`X-Text-Placement`): **I** makes text in the Generate replica, next to the "
-        "engine; **S** in the Derender tier; **A** (`auto`) lets the Ingress choose per "
-        "request from the replicas' host load (`deployments/routing/text_placement.py`). "
-        "A cell is N streamed chats at once "
-        f"({a['tokens']} tokens each, `ignore_eos`, reasoning at temperature 1 with a tool "
-        "offered: the qwen3 reasoning and hermes tool parsers on every token), the "
-        f"placements in turn, {a['rounds']} rounds each (the order rotated every round). "
+        f"*step* ({load.step_text()}) on top of the tiny model's own work. One "
+        "deployment serves both placements, chosen per request (`X-Text-Placement`): "
+        "**I** makes text in the Generate replica, next to the engine; **S** in the "
+        "Derender tier; **A** (`auto`) lets the Ingress choose per request from the "
+        "replicas' host load (`deployments/routing/text_placement.py`). A cell is N "
+        f"streamed chats at once ({a['tokens']} tokens each, `ignore_eos`, reasoning at "
+        "temperature 1 with a tool offered: the qwen3 reasoning and hermes tool parsers "
+        f"on every token{load.stream_text()}), the placements in turn, {a['rounds']} "
+        "rounds each (the order rotated every round). "
         "TPOT is vLLM's benchmark's: (end − first text) ÷ (tokens − 1), so text a parser "
         "holds back counts when it arrives.",
         "",

@@ -53,6 +53,7 @@ from bench.harness.pinning import HEAD, by_group, cores_text, pin, placement
 from bench.harness.servers import long_chat
 from bench.harness.timed_stream import TimedStream, timed_chat
 from bench.observe import REPLICA_TITLE
+from bench.offload.load import PLAIN, Load
 from bench.stats import percentile
 
 PACED = "bench.harness.paced_decode:PacedDecode"
@@ -76,9 +77,11 @@ DERENDER_STREAMS = 256
 ENGINE_GROUP, TEXT_GROUP = "engine", "cpu-text"
 
 
-def chat(tokens: int, pace_ms: float) -> dict[str, Any]:
-    body = long_chat(PROMPT, tokens, pace_ms)
+def chat(tokens: int, pace_ms: float, load: Load = PLAIN) -> dict[str, Any]:
+    body = long_chat(PROMPT, tokens, pace_ms, min(load.pace_cpu_ms, pace_ms))
     body.update(temperature=1.0, tools=TOOLS, tool_choice="auto")
+    if load.top_logprobs is not None:
+        body.update(logprobs=True, top_logprobs=load.top_logprobs)
     return body
 
 
@@ -182,10 +185,15 @@ def cpu_between(
 
 
 async def one_round(
-    base_url: str, streams: int, placement_: str, tokens: int, pace_ms: float
+    base_url: str,
+    streams: int,
+    placement_: str,
+    tokens: int,
+    pace_ms: float,
+    load: Load = PLAIN,
 ) -> tuple[float, list[TimedStream]]:
     headers = {"X-Text-Placement": placement_}
-    url, body = f"{base_url}/v1/chat/completions", chat(tokens, pace_ms)
+    url, body = f"{base_url}/v1/chat/completions", chat(tokens, pace_ms, load)
     start = time.monotonic()
     done = await asyncio.gather(*(timed_chat(url, body, headers) for _ in range(streams)))
     return time.monotonic() - start, list(done)
@@ -201,10 +209,11 @@ def measure(
     cell: tuple[str, float, int],
     placement_: str,
     tokens: int,
+    load: Load = PLAIN,
 ) -> Round:
     layout, pace_ms, streams = cell
     before, client_before = cpu_snapshot(cluster), client_cpu_s()
-    wall, done = uvloop.run(one_round(base_url, streams, placement_, tokens, pace_ms))
+    wall, done = uvloop.run(one_round(base_url, streams, placement_, tokens, pace_ms, load))
     cpu = cpu_between(before, cpu_snapshot(cluster))
     cpu["client"] = {"client": round(client_cpu_s() - client_before, 3)}
     requests = [stream_record(s) for s in done]
@@ -245,7 +254,7 @@ def run(args: argparse.Namespace, work: Path) -> Study:
             # This client runs where the head does: never on the engine's own cores.
             os.sched_setaffinity(0, cores[HEAD])
             for placement_ in PLACEMENTS:  # warm every path (auto: its load reading)
-                uvloop.run(one_round(base_url, 4, placement_, 16, 0))
+                uvloop.run(one_round(base_url, 4, placement_, 16, 0, Load.of(args)))
             for pace in args.pace_ms:
                 for streams in args.streams:
                     for round_ in range(args.rounds):
@@ -254,7 +263,9 @@ def run(args: argparse.Namespace, work: Path) -> Study:
                         order = PLACEMENTS[turn:] + PLACEMENTS[:turn]
                         for placement_ in order:
                             cell = (layout, pace, streams)
-                            measured = measure(cluster, base_url, cell, placement_, args.tokens)
+                            measured = measure(
+                                cluster, base_url, cell, placement_, args.tokens, Load.of(args)
+                            )
                             study.rounds.append(measured)
                             print(summary(measured), flush=True)
             study.pinning[layout] = [asdict(p) for p in placement(cluster.processes())]
@@ -292,6 +303,10 @@ def main() -> None:
     parser.add_argument("--streams", type=lambda s: [int(x) for x in s.split(",")],
                         default=[4, 16, 48])  # fmt: skip
     parser.add_argument("--tokens", type=int, default=256, help="output tokens per stream")
+    parser.add_argument("--pace-cpu-ms", type=float, default=0.0,
+                        help="of each step, CPU work on the engine's thread (ms)")  # fmt: skip
+    parser.add_argument("--top-logprobs", type=int, default=None,
+                        help="ask each token's logprobs with this many alternatives")  # fmt: skip
     parser.add_argument("--pace-ms", type=lambda s: [float(x) for x in s.split(",")],
                         default=[15.0], help="engine steps (ms)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3, help="rounds of I, S, A per cell")

@@ -65,3 +65,33 @@ def test_the_slowest_pace_in_the_batch_holds_the_step(sleeps: list[float]) -> No
     assert step(processor, sleeps) == pytest.approx(0.08)
     processor.update_state(update(removed=[1]))
     assert step(processor, sleeps) == pytest.approx(0.03)
+
+
+def test_the_cpu_part_of_a_step_is_burnt_and_the_rest_slept(
+    sleeps: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    burnt: list[float] = []
+    monkeypatch.setattr(paced_decode, "burn", burnt.append)
+    processor = PacedDecode(None, torch.device("cpu"), False)  # type: ignore[arg-type]
+    cpu_paced = SamplingParams(extra_args={"pace_ms": 15, "pace_cpu_ms": 5})
+    processor.update_state(update(added=[(0, cpu_paced, None, [])]))
+    assert step(processor, sleeps) == pytest.approx(0.010)
+    assert burnt == [pytest.approx(0.005)]
+    # Never more CPU than the step: a step of CPU work alone sleeps not at all.
+    all_cpu = SamplingParams(extra_args={"pace_ms": 15, "pace_cpu_ms": 40})
+    processor.update_state(update(added=[(0, all_cpu, None, [])]))
+    assert step(processor, sleeps) == 0.0
+    assert burnt[-1] == pytest.approx(0.015)
+    # Requests that ask for a sleep only burn nothing.
+    sleep_only = SamplingParams(extra_args={"pace_ms": 15})
+    processor.update_state(update(added=[(0, sleep_only, None, [])]))
+    assert step(processor, sleeps) == pytest.approx(0.015)
+    assert len(burnt) == 2
+
+
+def test_burn_spends_this_threads_cpu_time() -> None:
+    import time
+
+    before = time.thread_time()
+    paced_decode.burn(0.02)
+    assert time.thread_time() - before >= 0.02
