@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.offload.load import Load
 from bench.offload.report import ratio_table
 from bench.report import cpu_per_1k_table, load, load_table, markdown_table
 from bench.topology import CONFIGS
@@ -161,6 +162,8 @@ def doc_command(sources: Sources, out: Path) -> str:
 def offload_section(results: Path, out: Path) -> str:
     """``bench.offload``'s S ÷ I table, read from its results, with its page's link."""
     data = json.loads((results / "results.json").read_text())
+    step_load = Load.recorded(data.get("args", {}))
+    step = "/".join(f"{p:g}" for p in data.get("args", {}).get("pace_ms", [15.0]))
     page = os.path.relpath(results.with_suffix(".md"), out.parent)
     image = os.path.relpath(results.with_suffix(".png"), out.parent)
     return "\n".join(
@@ -169,9 +172,10 @@ def offload_section(results: Path, out: Path) -> str:
             "is never moved off the engine's CPU. `python -m bench.offload` runs one "
             "deployment on a local cluster whose engine node has a core of its own "
             "(*disjoint*), then with every process on both cores (*shared*), I, S and A "
-            "(`text_placement: auto`, the Ingress's choice per request) on the same load; "
-            "the page with every cell, the CPU behind it, a load that moves between the "
-            f"two and where each process ran: [{page}]({page}).\n",
+            "(`text_placement: auto`, the Ingress's choice per request) on the same load, "
+            f"each engine step {step} ms long ({step_load.step_text()}); the page with "
+            "every cell, the CPU behind it, a load that moves between the two and where "
+            f"each process ran: [{page}]({page}).\n",
             *ratio_table(data),
             f"\n![TPOT and cores]({image})\n",
         ]

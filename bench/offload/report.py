@@ -93,7 +93,7 @@ def cell_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 def ratio_rows(data: dict[str, Any]) -> list[str]:
     """S ÷ I per cell: pooled TPOT p50, the range of the rounds' own ratios (each
     round of S against the round of I next to it), and tokens/s."""
-    rows, load = [], Load.recorded(data["args"])
+    rows, load = [], Load.recorded(data.get("args", {}))
     for (layout, pace, streams), by in _cells(data).items():
         if not {"inline", "tier"} <= set(by):
             continue
@@ -145,7 +145,7 @@ def ratio_table(data: dict[str, Any]) -> list[str]:
 
 
 def cell_rows(data: dict[str, Any]) -> list[str]:
-    rows, load = [], Load.recorded(data["args"])
+    rows, load = [], Load.recorded(data.get("args", {}))
     for (layout, pace, streams), by in _cells(data).items():
         for placement in NAMES:
             if placement not in by:
@@ -243,7 +243,7 @@ def runs_section(work: Path) -> list[str]:
     rows = []
     for path in sorted(work.glob("run-*.json")):
         data = json.loads(path.read_text())
-        load = Load.recorded(data["args"])
+        load = Load.recorded(data.get("args", {}))
         for (layout, pace, streams), by in _cells(data).items():
             if not {"inline", "tier"} <= set(by):
                 continue

@@ -217,3 +217,26 @@ def test_the_page_lists_the_runs_kept_beside_its_results(tmp_path: Path) -> None
         "| run-auto-1 | disjoint | 15 | 4 | 0.50× | 1.10× |",
         "| run-i-s-1 | disjoint | 15 | 4 | 0.50× | – |",
     ]
+
+
+def test_a_step_with_cpu_work_is_labelled_so_and_older_results_read_as_a_sleep() -> None:
+    rounds = [_round(4, "inline", 20.0, 2.0), _round(4, "tier", 10.0, 1.0)]
+    (row,) = ratio_rows({"rounds": rounds, "args": {"pace_cpu_ms": 15.0}})
+    assert row.startswith("| disjoint | 15 (15 CPU) | 4 | 0.50× |"), row
+    (row,) = ratio_rows({"rounds": rounds, "args": {"pace_ms": [15.0]}})  # before the option
+    assert row.startswith("| disjoint | 15 | 4 |"), row
+
+
+def test_the_load_asks_each_stream_for_what_the_run_names() -> None:
+    from bench.offload.load import PLAIN, Load
+    from bench.offload.study import chat
+
+    body = chat(64, 15.0, Load(pace_cpu_ms=10.0, top_logprobs=5))
+    assert body["vllm_xargs"] == {"pace_ms": 15.0, "pace_cpu_ms": 10.0}
+    assert (body["logprobs"], body["top_logprobs"]) == (True, 5)
+    # No more CPU than the step; a warm-up's unpaced chat asks for none.
+    assert chat(64, 8.0, Load(pace_cpu_ms=15.0))["vllm_xargs"]["pace_cpu_ms"] == 8.0
+    assert "pace_cpu_ms" not in chat(16, 0, Load(pace_cpu_ms=15.0)).get("vllm_xargs", {})
+    plain = chat(64, 15.0, PLAIN)
+    assert plain["vllm_xargs"] == {"pace_ms": 15.0} and "logprobs" not in plain
+    assert Load(15.0, 5).flags() == " --pace-cpu-ms 15 --top-logprobs 5" and PLAIN.flags() == ""
