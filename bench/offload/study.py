@@ -1,6 +1,6 @@
 """Where the derender tier wins: text moved off an engine host whose CPU is short.
 
-    python -m bench.offload --out docs/offload.md
+    python -m bench.offload --pace-cpu-ms 15 --streams 8,64,128,192 --out docs/offload.md
 
 A local cluster shaped like ``k8s/overlays/cpu`` (``bench/harness/cluster.py``,
 one node per group, no scaling) with each node on cores of its own
@@ -10,11 +10,14 @@ CPU node (Ingress, Render, Derender), the head (Serve's controller and HAProxy)
 and this client on ``--text-cores``. Every process's cores are read back from
 ``/proc`` after the run and listed in the report; a process elsewhere fails it.
 
-The engine's steps are held ``--pace-ms`` (``bench/harness/paced_decode.py``: a
-sleep, a GPU-like step that leaves the host's CPU free), so what limits decoding
-is the engine host's CPU, not the model. One deployment serves both placements,
-chosen per request (``X-Text-Placement``): I, text made in the Generate replica
-on the engine's core; S, in the Derender tier on the other. Each cell is
+The engine's steps are held ``--pace-ms`` (``bench/harness/paced_decode.py``), a
+sleep that leaves the host's CPU free as a GPU's step does, or with
+``--pace-cpu-ms`` that much of it CPU work on the engine's thread: an engine that
+needs its host's CPU every step, so that what limits decoding is the engine host's
+CPU, not the model. ``--top-logprobs`` asks each token's logprobs too (more text
+work per token). One deployment serves both placements, chosen per request
+(``X-Text-Placement``): I, text made in the Generate replica on the engine's
+core; S, in the Derender tier on the other. Each cell is
 ``N`` streamed chats at once (reasoning at temperature 1, a tool offered, so the
 qwen3 reasoning and hermes tool parsers work on every token), I and S in turn,
 ``--rounds`` times each; CPU seconds of every cluster process are read before and
