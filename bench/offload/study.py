@@ -236,6 +236,7 @@ def layout_cores(layout: str, engine: set[int], text: set[int]) -> dict[str, set
 
 def run(args: argparse.Namespace, work: Path) -> Study:
     engine, text = set(args.engine_cores), set(args.text_cores)
+    load = Load.of(args)
     set_client_env()
     rayservice = overlay("cpu")
     study = Study(
@@ -257,7 +258,7 @@ def run(args: argparse.Namespace, work: Path) -> Study:
             # This client runs where the head does: never on the engine's own cores.
             os.sched_setaffinity(0, cores[HEAD])
             for placement_ in PLACEMENTS:  # warm every path (auto: its load reading)
-                uvloop.run(one_round(base_url, 4, placement_, 16, 0, Load.of(args)))
+                uvloop.run(one_round(base_url, 4, placement_, 16, 0, load))
             for pace in args.pace_ms:
                 for streams in args.streams:
                     for round_ in range(args.rounds):
@@ -267,7 +268,7 @@ def run(args: argparse.Namespace, work: Path) -> Study:
                         for placement_ in order:
                             cell = (layout, pace, streams)
                             measured = measure(
-                                cluster, base_url, cell, placement_, args.tokens, Load.of(args)
+                                cluster, base_url, cell, placement_, args.tokens, load
                             )
                             study.rounds.append(measured)
                             print(summary(measured), flush=True)
