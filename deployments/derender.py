@@ -77,7 +77,7 @@ from deployments.transport.leaving import LeaveWatch
 from deployments.transport.migration import migrating
 from deployments.transport.replica_assignment import wait_routed
 from deployments.transport.replica_loss import ReplicaLeavingError
-from deployments.transport.serve_internals import serve_request_id
+from deployments.transport.serve_internals import on_this_process_data_plane, serve_request_id
 from deployments.transport.step_channel import ChannelSource, Outboxes, StepChannels
 from deployments.vllm_adapter.internals import client_request_id
 
@@ -92,6 +92,7 @@ class Derender(ChannelSource):
     async def __init__(  # type: ignore[misc]
         self, config: GraphConfig, generate: DeploymentHandle, control: DeploymentHandle
     ) -> None:
+        generate, control = (on_this_process_data_plane(h) for h in (generate, control))
         configure_metrics(config.observability.metrics)
         configure_tracing(config.observability.otlp_traces_endpoint, "Derender")
         self._config = config

@@ -60,7 +60,7 @@ from deployments.transport.coalesce import coalesced
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from deployments.transport.leaving import LeaveWatch
 from deployments.transport.replica_loss import EngineLostError, ReplicaLeavingError
-from deployments.transport.serve_internals import serve_request_id
+from deployments.transport.serve_internals import on_this_process_data_plane, serve_request_id
 from deployments.transport.step_channel import ChannelSource, Outboxes
 from deployments.vllm_adapter.engine_args import serve_namespace
 from deployments.vllm_adapter.engine_metrics import local_vllm_metrics
@@ -145,7 +145,9 @@ class Generate(ChannelSource):
         # Aborts and /metrics reach this replica even when its streams fill every slot.
         # The channel runs on this loop, the engine's, so its aborts need no hop.
         self._host = HostSampler("generate", self._replica)  # for text_placement: auto
-        self._control = ControlChannel(control, "generate", self._replica, self._on_control)
+        self._control = ControlChannel(
+            on_this_process_data_plane(control), "generate", self._replica, self._on_control
+        )
         await self._control.start(timeout_s=CONTROL_SUBSCRIBE_TIMEOUT_S)
         self._watchdog = asyncio.create_task(self._watch())
 

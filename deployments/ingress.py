@@ -58,6 +58,7 @@ from deployments.routing.pinned_router import avoiding
 from deployments.routing.text_placement import AutoPlacement, PlacementReader
 from deployments.transport.migrating_call import MigratingCall
 from deployments.transport.migration import DeliveredText
+from deployments.transport.serve_internals import on_this_process_data_plane
 from deployments.transport.step_channel import ChannelStream, StepChannels
 from deployments.vllm_adapter.engine_metrics import exposition
 
@@ -109,6 +110,9 @@ class Ingress:
         derender: DeploymentHandle,
         control_plane: DeploymentHandle,
     ) -> None:
+        render, generate, derender, control_plane = (
+            on_this_process_data_plane(h) for h in (render, generate, derender, control_plane)
+        )
         configure_metrics(config.observability.metrics)
         configure_tracing(config.observability.otlp_traces_endpoint, "Ingress")
         allow_deep_values()  # bodies nested as deep as vLLM takes must cross tiers

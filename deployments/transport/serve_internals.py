@@ -65,6 +65,25 @@ def replica_grpc_max_message_bytes() -> int:
     return int(RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH)
 
 
+def on_this_process_data_plane(handle: DeploymentHandle[Any]) -> DeploymentHandle[Any]:
+    """``handle`` with the data plane this process's Serve switches choose: Serve's gRPC
+    under ``RAY_SERVE_THROUGHPUT_OPTIMIZED`` (``constants.RAY_SERVE_USE_GRPC_BY_DEFAULT``),
+    else Ray actor calls.
+
+    A handle carries its options where it goes, ``_by_reference`` included, and a
+    handle passed to a replica's constructor was made in the process that built the
+    graph, with that process's default. ``serve run graph:app`` imports Serve before
+    ``graph.py`` sets the switches, so every hop of that graph went by reference
+    (through Ray's object store): 0.6x the request rate at concurrency 16, 1.6x the
+    CPU per short chat (docs/request-overhead.md). A replica starts with the switches
+    in its environment, so it asks its own default."""
+    try:
+        from ray.serve._private.constants import RAY_SERVE_USE_GRPC_BY_DEFAULT
+    except ImportError as exc:
+        raise ServeInternalsChanged(f"constants.RAY_SERVE_USE_GRPC_BY_DEFAULT: {exc}") from exc
+    return handle.options(_by_reference=not RAY_SERVE_USE_GRPC_BY_DEFAULT)
+
+
 def proxy_asgi_stack(app: Any, middlewares: list[Any]) -> Any:
     """``app`` wrapped as Serve's HTTP proxy wraps it: Serve's ``RequestIdMiddleware``
     innermost, ``middlewares`` (what ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``

@@ -68,3 +68,10 @@ def test_draining_probe_turns_when_serve_stops_the_replica(seen: dict[str, Any])
 def test_serve_request_id_is_the_callers_in_its_callee(seen: dict[str, Any]) -> None:
     assert seen["request_id"], "serve_request_id: context._serve_request_context"
     assert seen["callee_request_id"] == seen["request_id"], "serve_request_id: propagation"
+
+
+def test_a_handle_made_by_reference_goes_on_the_replicas_data_plane(seen: dict[str, Any]) -> None:
+    # handle.options(_by_reference=...) and constants.RAY_SERVE_USE_GRPC_BY_DEFAULT: under
+    # the graph's switches a replica calls over Serve's gRPC, whatever the handle's maker.
+    assert seen["by_reference"] == {"made": True, "own": False}, "on_this_process_data_plane"
+    assert seen["answers_on_own_plane"] == ["ok", "ok"]

@@ -4,7 +4,8 @@
 
 A local Ray instance of its own (``address="local"``) with the graph's Serve
 switches, no HTTP proxy: ``Probe`` holds a handle to ``Target`` and, from
-inside its replica as the graph's tiers do, reads the router state, a call's
+inside its replica as the graph's tiers do, moves a handle made by reference
+onto its own data plane, reads the router state, a call's
 assignment future, its own actor's liveness ping and Serve's replica log
 handlers; a ``Leaver`` replica reads its draining flag while Serve stops it.
 One JSON line on stdout.
@@ -63,8 +64,14 @@ class Probe:
         self._target = target
         self._zero = zero
 
-    async def check(self) -> dict[str, Any]:
+    async def check(self, made_by_reference: DeploymentHandle) -> dict[str, Any]:
         seen: dict[str, Any] = {"view_before_any_call": _view(door.router_view(self._target))}
+        # A handle made where Serve's default is by reference, as the `serve run` CLI
+        # makes the graph's before graph.py sets the switches.
+        own = door.on_this_process_data_plane(made_by_reference)
+        calls = {"made": made_by_reference.remote(), "own": own.remote()}
+        seen["by_reference"] = {name: c.by_reference for name, c in calls.items()}
+        seen["answers_on_own_plane"] = [await c for c in calls.values()]
         response = self._target.remote()
         future = door.assignment_future(response)
         seen["assignment_future"] = type(future).__name__
@@ -99,7 +106,8 @@ async def probe() -> dict[str, Any]:
     app = Probe.bind(Target.bind(), ZeroTarget.bind())
     handle = serve.run(app, name="door", route_prefix=None)
     # Under the graph's switches a handle routes on its caller's event loop.
-    seen: dict[str, Any] = await handle.check.remote()
+    made_by_reference = serve.get_deployment_handle("Target", "door").options(_by_reference=True)
+    seen: dict[str, Any] = await handle.check.remote(made_by_reference)
     seen["proxy_request_id"] = door.proxy_request_id()
     seen["draining"] = await _draining_seen()
     return seen
