@@ -16,7 +16,10 @@ each replica imports its own. This only binds.
 ``serve run graph:app`` imports this module before it starts Ray, and every Ray
 process it starts inherits this process's environment: so the graph's Serve
 switches (``deployments/config/serve_env.py``) that the environment does not name
-are set here, and the documented command runs the same graph as ``make run``. Where
+are set here, and the documented command runs the same graph as ``make run``. (The
+``serve run`` CLI has imported Serve by then, so the handles it makes for the graph
+carry its own defaults: each replica moves them onto its own data plane,
+``transport.serve_internals.on_this_process_data_plane``.) Where
 Ray runs already (a config file, ``serve deploy``, an address), the control plane
 logs a warning naming the switches its cluster lacks.
 """

@@ -74,9 +74,9 @@ def on_this_process_data_plane(handle: DeploymentHandle[Any]) -> DeploymentHandl
     handle passed to a replica's constructor was made in the process that built the
     graph, with that process's default. ``serve run graph:app`` imports Serve before
     ``graph.py`` sets the switches, so every hop of that graph went by reference
-    (through Ray's object store): 0.6x the request rate at concurrency 16, 1.6x the
-    CPU per short chat (docs/request-overhead.md). A replica starts with the switches
-    in its environment, so it asks its own default."""
+    (Ray actor calls through the object store): 0.6-0.75x the request rate at
+    concurrency 16 on short chats, 1.4-1.7x the CPU per chat (docs/architecture.md).
+    A replica starts with the switches in its environment, so it asks its own default."""
     try:
         from ray.serve._private.constants import RAY_SERVE_USE_GRPC_BY_DEFAULT
     except ImportError as exc:
