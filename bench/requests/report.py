@@ -10,7 +10,19 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from bench.harness.host import host_line
-from bench.requests.processes import ENGINE, KINDS
+from bench.requests.engine_view import engine_table
+from bench.requests.figures import (
+    concurrencies,
+    cpu_ms,
+    e2e_p50,
+    modes,
+    rounds,
+    rps,
+    spread,
+    ttft_p50,
+    ttft_p95,
+)
+from bench.requests.processes import KINDS
 from bench.startup import revision
 from deployments.config.graph_config import REPO_ROOT as REPO
 
@@ -24,52 +36,6 @@ TTFT_EXTRA_MS = 15.0
 IDLE_EXTRA_CORE = 0.05
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def rps(cell: Cell) -> float:
-    return cell.requests / cell.wall_s
-
-
-def cpu_ms(cell: Cell, *, engine: bool = True) -> float:
-    spent = sum(v for k, v in cell.cpu_s.items() if engine or k != ENGINE)
-    return spent / cell.requests * 1000
-
-
-def ttft_p50(cell: Cell) -> float:
-    return percentile(cell.ttft_ms, 0.5)
-
-
-def ttft_p95(cell: Cell) -> float:
-    return percentile(cell.ttft_ms, 0.95)
-
-
-def e2e_p50(cell: Cell) -> float:
-    return percentile(cell.e2e_ms, 0.5)
-
-
-def spread(values: Sequence[float], fmt: str = ".0f") -> str:
-    """The median, and min–max when there is more than one value."""
-    mid = format(statistics.median(values), fmt)
-    if len(values) == 1:
-        return mid
-    return f"{mid} ({format(min(values), fmt)}–{format(max(values), fmt)})"
-
-
-def _rounds(run: ServerRun, mode: str, concurrency: int) -> list[Cell]:
-    return [c for c in run.cells if c.mode == mode and c.concurrency == concurrency]
-
-
-def _modes(run: ServerRun) -> list[str]:
-    return list(dict.fromkeys(c.mode for c in run.cells))
-
-
-def _concurrencies(runs: Sequence[ServerRun]) -> list[int]:
-    return sorted({c.concurrency for r in runs for c in r.cells})
-
-
 def cells_table(runs: Sequence[ServerRun]) -> list[str]:
     lines = [
         "| server | text | concurrency | requests/s | TTFT p50 ms | TTFT p95 ms | e2e p50 ms "
@@ -77,9 +43,9 @@ def cells_table(runs: Sequence[ServerRun]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
-        for concurrency in _concurrencies(runs):
-            for mode in _modes(run):
-                cells = _rounds(run, mode, concurrency)
+        for concurrency in concurrencies(runs):
+            for mode in modes(run):
+                cells = rounds(run, mode, concurrency)
                 if not cells:
                     continue
                 figures = [
@@ -102,8 +68,8 @@ def by_kind_table(runs: Sequence[ServerRun], concurrency: int) -> list[str]:
         "|---|---|" + "---|" * len(kinds),
     ]
     for run in runs:
-        for mode in _modes(run):
-            cells = _rounds(run, mode, concurrency)
+        for mode in modes(run):
+            cells = rounds(run, mode, concurrency)
             if not cells:
                 continue
             figures = []
@@ -155,8 +121,8 @@ def _paired(
     of: Callable[[Cell, Cell], float],
 ) -> list[float]:
     """``of(graph cell, vLLM cell)`` for each round both ran."""
-    ours = {c.round: c for c in _rounds(graph, mode, concurrency)}
-    theirs = {c.round: c for c in _rounds(vllm, "vllm", concurrency)}
+    ours = {c.round: c for c in rounds(graph, mode, concurrency)}
+    theirs = {c.round: c for c in rounds(vllm, "vllm", concurrency)}
     return [of(ours[r], theirs[r]) for r in sorted(ours.keys() & theirs.keys())]
 
 
@@ -185,9 +151,9 @@ def targets_table(runs: Sequence[ServerRun]) -> list[str]:
     for run in runs:
         if run is vllm:
             continue
-        for mode in _modes(run):
+        for mode in modes(run):
             limit = CPU_TARGET[mode]
-            for concurrency in _concurrencies(runs):
+            for concurrency in concurrencies(runs):
                 ratios = _paired(run, vllm, mode, concurrency, lambda g, v: cpu_ms(g) / cpu_ms(v))
                 add(
                     run.label,
@@ -196,7 +162,7 @@ def targets_table(runs: Sequence[ServerRun]) -> list[str]:
                     partial(operator.ge, limit),
                     ".2f",
                 )
-            high = max(_concurrencies(runs))
+            high = max(concurrencies(runs))
             add(
                 run.label,
                 f"requests/s {mode} ÷ vLLM, concurrency {high}: ≥ {RPS_TARGET}×",
@@ -204,7 +170,7 @@ def targets_table(runs: Sequence[ServerRun]) -> list[str]:
                 lambda x: x >= RPS_TARGET,
                 ".2f",
             )
-            low = min(_concurrencies(runs))
+            low = min(concurrencies(runs))
             add(
                 run.label,
                 f"TTFT p50 {mode} − vLLM's, concurrency {low}: ≤ {TTFT_EXTRA_MS:.0f} ms",
@@ -235,10 +201,10 @@ def variants_table(runs: Sequence[ServerRun]) -> list[str]:
         "|---|---|---|---|---|",
     ]
     for run in others:
-        for mode in _modes(run):
-            for concurrency in _concurrencies(runs):
-                ours = {c.round: c for c in _rounds(base, mode, concurrency)}
-                theirs = {c.round: c for c in _rounds(run, mode, concurrency)}
+        for mode in modes(run):
+            for concurrency in concurrencies(runs):
+                ours = {c.round: c for c in rounds(base, mode, concurrency)}
+                theirs = {c.round: c for c in rounds(run, mode, concurrency)}
                 both = sorted(ours.keys() & theirs.keys())
                 if not both:
                     continue
@@ -274,8 +240,8 @@ def floor_table(runs: Sequence[ServerRun]) -> list[str]:
         "| text | concurrency | floor ÷ vLLM | (floor + vLLM's engine) ÷ vLLM | target |",
         "|---|---|---|---|---|",
     ]
-    for mode in _modes(floor):
-        for concurrency in _concurrencies(runs):
+    for mode in modes(floor):
+        for concurrency in concurrencies(runs):
             alone = _paired(floor, vllm, mode, concurrency, lambda f, v: cpu_ms(f) / cpu_ms(v))
             bound = _paired(
                 floor,
@@ -338,8 +304,23 @@ def report(args: argparse.Namespace, runs: Sequence[ServerRun]) -> str:
         "## CPU ms per request by process",
         "",
     ]
-    for concurrency in _concurrencies(runs):
+    for concurrency in concurrencies(runs):
         out += [f"Concurrency {concurrency}:", "", *by_kind_table(runs, concurrency), ""]
+    if engine := engine_table(runs):
+        out += [
+            "## Inside the engine",
+            "",
+            "From vLLM's own metrics, read from each server's `/metrics` before and after "
+            "each cell (`bench/requests/engine_view.py`): the means over the cell's "
+            "requests of the time vLLM's engine client held each one (arrival to end, "
+            "and to its first token), beside the same means at the client; requests "
+            "in an engine at a time by Little's law (request rate × time there; the "
+            "rest of the concurrency was on its way in or out), and vLLM's engine "
+            "steps and the tokens each made.",
+            "",
+            *engine,
+            "",
+        ]
     out += [
         f"## Idle: % of one core over {args.idle_s:.0f} s without traffic",
         "",

@@ -54,6 +54,7 @@ from bench.harness.servers import (
     running_vllm,
 )
 from bench.harness.variants import variant_pairs, with_collector
+from bench.requests import engine_view
 from bench.requests.load import ShortChats, closed_loop
 from bench.requests.processes import Memory, cpu_by_kind, memory_by_kind, snapshot
 from bench.requests.report import report
@@ -78,6 +79,8 @@ class Cell:
     ttft_ms: list[float]
     e2e_ms: list[float]
     cpu_s: dict[str, float]
+    engine: dict[str, float] = field(default_factory=dict)
+    """What vLLM's metrics counted over the cell (``engine_view.py``); empty without."""
 
 
 @dataclass
@@ -101,9 +104,12 @@ def measure_cell(
 ) -> Cell:
     """One closed-loop cell against a running server, its CPU read around it."""
     headers = {} if mode == "vllm" else {"X-Text-Placement": mode}
+    # Read outside the CPU window: a scrape of the graph's /metrics crosses replicas.
+    engine_before = engine_view.read_totals(server.base_url)
     before = snapshot(server.process.pid)
     timings, wall = asyncio.run(closed_loop(server.base_url, load, concurrency, requests, headers))
     after = snapshot(server.process.pid)
+    engine = engine_view.delta(engine_before, engine_view.read_totals(server.base_url))
     return Cell(
         server=label,
         mode=mode,
@@ -114,6 +120,7 @@ def measure_cell(
         ttft_ms=[t.ttft_s * 1000 for t in timings],
         e2e_ms=[t.e2e_s * 1000 for t in timings],
         cpu_s=cpu_by_kind(before, after),
+        engine=engine,
     )
 
 

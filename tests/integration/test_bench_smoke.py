@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from bench.harness.servers import REPO, TINY_MODEL, Server
+from bench.requests import engine_view
 from bench.requests.load import ShortChats
 from bench.requests.processes import ENGINE, memory_by_kind, snapshot
 from bench.requests.study import measure_cell
@@ -62,13 +63,19 @@ def test_harness_runs_one_cell_per_client_type(graph: Server, tmp_path: Path) ->
 
 def test_request_bench_reads_a_cell_and_memory_by_process(graph: Server) -> None:
     """``python -m bench.requests``'s cell on the session graph: every request timed,
-    the CPU it took read from the graph's process tree by kind, HAProxy among them."""
+    the CPU it took read from the graph's process tree by kind, HAProxy among them,
+    and what vLLM's metrics (the graph's ``/metrics``) counted in its engine."""
     cell = measure_cell(graph, "graph", ShortChats(model=str(TINY_MODEL)), "inline", 2, 6)
     assert cell.requests == 6 and cell.wall_s > 0
     assert all(0 < t <= e for t, e in zip(cell.ttft_ms, cell.e2e_ms, strict=True))
     for kind in ("Ingress", "Render", "Generate", ENGINE):
         assert cell.cpu_s.get(kind, 0) > 0, (kind, cell.cpu_s)
     assert "haproxy" in cell.cpu_s and "proxy" in cell.cpu_s, cell.cpu_s
+    # vLLM records a request's end before its stream's last output reaches the caller.
+    assert cell.engine[f"{engine_view.E2E}_count"] == 6, cell.engine
+    in_engine = engine_view.in_engine(cell.engine, cell.requests / cell.wall_s)
+    assert in_engine is not None and 0 < in_engine <= 2, cell.engine
+    assert (engine_view.tokens_per_step(cell.engine) or 0) >= 1, cell.engine
     memory = memory_by_kind(snapshot(graph.process.pid, memory=True))
     assert memory["Ingress"].processes >= 1 and memory["Ingress"].rss_mib > 100
     assert memory["haproxy"].processes == 1
