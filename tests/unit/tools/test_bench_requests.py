@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
 
+from bench.harness.servers import GRAPH_ENGINE_THREADS
 from bench.requests import study
 from bench.requests.processes import (
     DASHBOARD,
@@ -21,6 +23,8 @@ from bench.requests.processes import (
 )
 from bench.requests.report import floor_table, report, targets_table
 from bench.requests.study import Cell, ServerRun
+from deployments.config.graph_config import GraphConfig
+from deployments.declarations.generate import generate_deployment
 
 
 @pytest.mark.parametrize(
@@ -169,3 +173,11 @@ def test_side_by_side_cells_alternate_with_the_other_server_stopped(
     assert [c.round for c in vllm_run.cells] == [2, 2, 3, 3]
     assert {c.round for c in graph_run.cells} == {2, 3} and len(graph_run.cells) == 8
     assert vllm_run.idle_core_share and graph_run.idle_core_share
+
+
+def test_vllms_server_gets_the_threads_ray_gives_the_default_engine() -> None:
+    """Ray sets an actor's ``OMP_NUM_THREADS`` to its num_cpus, floored, at least 1:
+    what the default graph's engine runs with, and what the benches give vLLM's."""
+    options = generate_deployment(GraphConfig(), channel_callers=1).ray_actor_options
+    assert options is not None
+    assert str(max(math.floor(options["num_cpus"]), 1)) == GRAPH_ENGINE_THREADS
