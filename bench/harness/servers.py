@@ -192,7 +192,8 @@ def parser_flags(reasoning_parser: str | None, tool_call_parser: str | None) -> 
 # given; vLLM's server started alone takes a thread per core instead (two here). On this
 # 2-core host those spin-wait against the API server and the client: at concurrency 1
 # vLLM's server served 24 short chats a second at 81 CPU ms each with two threads, and
-# 60 at 30 ms with one (python -m bench.requests, docs/request-overhead.md).
+# 60 at 30 ms with one (python -m bench.requests, docs/request-overhead/run-2026-12-05-grpc-c.md
+# and run-2026-12-05-matched-threads.md).
 GRAPH_ENGINE_THREADS = "1"
 
 
