@@ -147,11 +147,13 @@ def test_a_lost_generate_replica_moves_tier_streams_and_with_none_live_requests_
         assert time.monotonic() < deadline, {k: len(token_ids(m)) for k, m in moving.items()}
         time.sleep(0.05)
     # The Ingress's router and the tier's (one per Derender replica) sent them where
-    # their prefix is.
-    assert running_requests(client).get(holder) == 1 + len(moving) + len(unary), (
-        holder,
-        running_requests(client),
-    )
+    # their prefix is; one of them may be routed by load instead (one was, in four of six
+    # runs on 2026-12-05, at b4992a8 too). That the moving streams ran on the holder is
+    # checked below, where each must have moved exactly once, after KILL_AFTER tokens;
+    # every unary answer is checked whole wherever it ran.
+    running = running_requests(client)
+    assert running.get(holder, 0) >= len(moving) + len(unary), (holder, running)
+    assert sum(running.values()) == 1 + len(moving) + len(unary), (holder, running)
     replica = psutil.Process(conversation.pids[-1])
     engine_core(replica.pid).send_signal(signal.SIGKILL)
     _, alive = psutil.wait_procs([replica], timeout=HANG_GUARD_S)
