@@ -13,13 +13,13 @@ the engine on smaller batches, and at lower request rates.
 
 from __future__ import annotations
 
-import re
 import statistics
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.requests.figures import concurrencies, modes, rounds, rps, spread
 
@@ -30,7 +30,6 @@ TTFT = "vllm:time_to_first_token_seconds"
 E2E = "vllm:e2e_request_latency_seconds"
 STEP_TOKENS = "vllm:iteration_tokens_total"
 FAMILIES = (TTFT, E2E, STEP_TOKENS)
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})? (?P<value>\S+)")
 _WANTED = {f"{family}{suffix}" for family in FAMILIES for suffix in ("_sum", "_count")}
 
 
@@ -38,10 +37,10 @@ def totals(exposition: str) -> dict[str, float]:
     """Each wanted histogram's ``_sum`` and ``_count``, summed over its labels (every
     engine of the server)."""
     out = dict.fromkeys(sorted(_WANTED), 0.0)
-    for line in exposition.splitlines():
-        match = _SAMPLE.match(line)
-        if match is not None and match["name"] in _WANTED:
-            out[match["name"]] += float(match["value"])
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name in _WANTED:
+                out[sample.name] += sample.value
     return out
 
 
