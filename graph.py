@@ -47,7 +47,8 @@ def build_graph(config: GraphConfig) -> Application:
     render = render_deployment(config).bind(config)
     # Each Derender replica holds a step channel on every Generate replica it streams
     # from, and each Ingress replica one on every Derender replica.
-    generate = generate_deployment(config, derender_max_replicas(config)).bind(config, control)
+    generate_callers = derender_max_replicas(config) + ingress_max_replicas(config)
+    generate = generate_deployment(config, generate_callers).bind(config, control)
     derender = derender_deployment(config, ingress_max_replicas(config))
     return ingress_deployment(config).bind(
         config, render, generate, derender.bind(config, generate, control), control

@@ -248,10 +248,10 @@ class Derender(ChannelSource):
             ]
             if job.batch is None:
                 answer = self._text.respond(
-                    job, results[0], None, event, role_chunk, tap=self._count_tokens
+                    job, results[0], event, role_chunk, tap=self._count_tokens
                 )
             else:
-                answer = self._text.respond_batch(job, results, None, event)
+                answer = self._text.respond_batch(job, results, event)
             async with contextlib.aclosing(answer) as items:
                 async for item in items:
                     yield item

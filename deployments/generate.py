@@ -56,7 +56,6 @@ from deployments.routing.engine_blocks import (
 from deployments.scaling.host_load import HostSampler
 from deployments.text.inline_text import InlineText, inline_call_movable
 from deployments.text.output import TextOutput
-from deployments.transport.coalesce import coalesced
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from deployments.transport.leaving import LeaveWatch
 from deployments.transport.replica_loss import EngineLostError, ReplicaLeavingError
@@ -139,7 +138,7 @@ class Generate(ChannelSource):
         await init_app_state(self._engine, state, args, await self._engine.get_supported_tasks())
         self._state = checked_app_state(state, ENGINE_APP_STATE_NAMES)
         text = TextOutput(state.online_derenderer, state.serving_derender)
-        self._inline = InlineText(text, self._coalesce_s)
+        self._inline = InlineText(text)
         self._outboxes = Outboxes(self._replica)
         self._leave_watch = LeaveWatch(self._outboxes)
         # Aborts and /metrics reach this replica even when its streams fill every slot.
@@ -159,7 +158,9 @@ class Generate(ChannelSource):
         (``transport/migration.py``). A replica Serve is stopping hands its streams
         back the same way (``_leave``)."""
         while not self._engine.errored:
-            if self._leave_watch.poll(busy=any(call.movable for call in self._running)):
+            # Once it leaves, its channels end when no call is left to put events on
+            # them: the streams that cannot move finish on them.
+            if self._leave_watch.poll(busy=bool(self._running)):
                 self._leave()
             await asyncio.sleep(ENGINE_WATCH_S)
         logger.error("engine of replica %s died: exiting so Serve replaces it", self._replica)
@@ -184,26 +185,29 @@ class Generate(ChannelSource):
             if call.awaiting:  # a unary call, inside the engine's await
                 call.cancel()
 
-    async def generate(
+    async def generate_body_on_channel(
         self,
         body: dict[str, Any],
         header_id: str | None,
+        caller: str,
+        key: str,
         avoid: tuple[str, ...] = (),
         trace: Carrier | None = None,
     ) -> AsyncIterator[Any]:
         """``/inference/v1/generate`` (``tokens`` and ``text``), the body as the client
-        sent it and its ``X-Request-Id``: SSE events if ``stream``, else one reply.
-        ``avoid`` is for the router (``PinnedRouter``), here as in every method below;
-        ``trace``, the caller's span (``observability/tracing.py``)."""
-        async for item in ingress_items(self._generate_body(body, header_id, trace)):
+        sent it and its ``X-Request-Id``: one reply, or SSE events if ``stream``, on
+        the caller's step channel. ``avoid`` is for the router (``PinnedRouter``),
+        here as in every method below; ``trace``, the caller's span
+        (``observability/tracing.py``)."""
+        items = ingress_items(self._generate_body(body, header_id, trace))
+        async for item in self._outboxes.bind(items, caller, key):
             yield item
 
     async def _generate_body(
         self, body: dict[str, Any], header_id: str | None, trace: Carrier | None
     ) -> AsyncGenerator[Any, None]:
         request = validate(named_by_header(body, header_id), GenerateRequest)
-        items = self._generate_items(request, self._coalesce_s, trace=trace)
-        async with contextlib.aclosing(items) as answered:
+        async with contextlib.aclosing(self._generate_items(request, trace=trace)) as answered:
             async for item in answered:
                 yield item
 
@@ -215,7 +219,8 @@ class Generate(ChannelSource):
         avoid: tuple[str, ...] = (),
         trace: Carrier | None = None,
     ) -> AsyncIterator[Any]:
-        """``generate`` with the stream's events on the caller's step channel."""
+        """A request a Derender replica validated, answered as vLLM's ``serve_tokens``
+        answers it, on the caller's step channel."""
         items = self._generate_items(request, key=key, trace=trace)
         async for item in self._outboxes.bind(items, caller, key):
             yield item
@@ -223,7 +228,6 @@ class Generate(ChannelSource):
     async def _generate_items(
         self,
         request: GenerateRequest,
-        coalesce_s: float | None = None,
         key: str | None = None,
         trace: Carrier | None = None,
     ) -> AsyncGenerator[str | GenerateResponseBase | ErrorResponse, None]:
@@ -239,9 +243,7 @@ class Generate(ChannelSource):
                 if isinstance(result, (ErrorResponse, GenerateResponseBase)):
                     yield result
                     return
-                # Closed here, not left to the collector: a coalescing task may be reading
-                # the engine's stream, which then could not be closed under it.
-                async with contextlib.aclosing(coalesced(result, coalesce_s)) as events:
+                async with contextlib.aclosing(result) as events:
                     async for event in events:
                         yield event
             finally:
@@ -316,15 +318,19 @@ class Generate(ChannelSource):
         self._running.discard(call)
         await call.close()
 
-    async def text(
+    async def text_on_channel(
         self,
         rendered: RenderedText,
-        resume: TextResume | None = None,
+        resume: TextResume | None,
+        caller: str,
+        key: str,
         avoid: tuple[str, ...] = (),
     ) -> AsyncIterator[Any]:
-        """Inline text placement: OpenAI chat/completion output next to the engine;
-        ``resume``: a stream that moved here, to go on from (``text/inline_move.py``)."""
-        async for item in ingress_items(self._text_items(rendered, resume)):
+        """Inline text placement: OpenAI chat/completion output next to the engine,
+        a stream's events on the caller's step channel; ``resume``: a stream that
+        moved here, to go on from (``text/inline_move.py``)."""
+        items = ingress_items(self._text_items(rendered, resume))
+        async for item in self._outboxes.bind(items, caller, key):
             yield item
 
     async def _text_items(

@@ -128,11 +128,11 @@ class Ingress:
         self._control = control_plane
         self._render = render
         self._generate = generate.options(stream=True)
+        replica = serve.get_replica_context().replica_id.unique_id
+        self._generate_channels = StepChannels(generate, replica)
         self._derender_unary = derender
         self._derender = derender.options(stream=True)
-        self._derender_channels = StepChannels(
-            derender, serve.get_replica_context().replica_id.unique_id
-        )
+        self._derender_channels = StepChannels(derender, replica)
         self._app_name = serve.get_replica_context().app_name
         self._vllm_version: str | None = None
         self._health: SharedCall[Response] = SharedCall(OPEN_ROUTE_TTL_S)
@@ -306,7 +306,9 @@ class Ingress:
             traced = request_trace_kwargs()
 
             def generate(body: dict[str, Any], avoid: tuple[str, ...]) -> Any:
-                return self._generate.generate.remote(body, header_id, **avoiding(avoid), **traced)
+                return self._generate_channels.call(
+                    "generate_body_on_channel", body, header_id, **avoiding(avoid), **traced
+                )
 
             limit = self._config.generate.migration_limit
             move_wait_s = self._config.generate.migration_wait_s
@@ -370,7 +372,7 @@ class Ingress:
         if placement == "inline":
 
             def text(request: tuple[RenderedText, TextResume | None], avoid: Avoid) -> Any:
-                return self._generate.text.remote(*request, **avoiding(avoid))
+                return self._generate_channels.call("text_on_channel", *request, **avoiding(avoid))
 
             generate = self._config.generate
             return await respond(

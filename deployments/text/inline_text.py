@@ -23,7 +23,6 @@ from deployments.messages.text_steps import TextResume
 from deployments.messages.tier import TextJob
 from deployments.text.inline_move import StepLog, inline_movable
 from deployments.text.output import TextOutput, tokens_request
-from deployments.transport.coalesce import coalesced
 from deployments.transport.concurrently import all_or_none
 from deployments.transport.migration import continuation
 
@@ -42,9 +41,8 @@ def inline_call_movable(job: TextJob) -> bool:
 class InlineText:
     """Derenders a job's engine output next to the engine."""
 
-    def __init__(self, text: TextOutput, coalesce_s: float | None) -> None:
+    def __init__(self, text: TextOutput) -> None:
         self._text = text
-        self._coalesce_s = coalesce_s
 
     async def items(
         self,
@@ -53,7 +51,8 @@ class InlineText:
         serve: Serve,
         opening: Callable[[], AbstractContextManager[Any]],
     ) -> AsyncGenerator[Any, None]:
-        """The job's items for the Ingress; ``resume``: where a moved stream goes on."""
+        """The job's items for the Ingress (a step channel batches a stream's events
+        with every other stream's it carries); ``resume``: where a moved stream goes on."""
         if job.batch is not None:
             # Every prompt on this engine at once, as vLLM's server runs a batch.
             stream = bool(job.generate_request.stream)
@@ -61,11 +60,11 @@ class InlineText:
                 results = await all_or_none(
                     serve(tokens_request(job, stream=stream, prompt=p)) for p in job.batch
                 )
-            items = self._text.respond_batch(job, results, self._coalesce_s)
+            items = self._text.respond_batch(job, results)
         else:
             items = await self._single(job, resume, serve, opening)
-        # Closed with this generator, not left to the collector: a coalescing task
-        # may be reading the engine's stream, which then could not be closed under it.
+        # Closed with this generator, not left to the collector: the engine's streams
+        # close with it.
         async with contextlib.aclosing(items) as answered:
             async for item in answered:
                 yield item
@@ -92,10 +91,10 @@ class InlineText:
             result, GenerateTokensResponse
         )
         if not (stream and inline_movable(job) and isinstance(result, AsyncIterator)):
-            return self._text.respond(job, result, self._coalesce_s)
+            return self._text.respond(job, result)
         steps = StepLog(resume)
         if resume is not None:
             prompt_tokens = len(job.generate_request.token_ids)
             result = steps.replayed(result, request.request_id, prompt_tokens)
-        events = self._text.respond(job, result, None, tap=steps.saw)
-        return coalesced(steps.tagged(events), self._coalesce_s)
+        events = self._text.respond(job, result, tap=steps.saw)
+        return steps.tagged(events)

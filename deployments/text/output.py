@@ -48,7 +48,7 @@ from deployments.text.responses_output import ResponsesOutput
 from deployments.text.sse import DONE, PayloadTap, sse_data, sse_event, sse_stream_payloads
 from deployments.text.stop_strings import cut_at_stop, ended_on_stop_string, ended_on_stop_token
 from deployments.text.stream_derenderer import ChatStreamDerenderer, CompletionStreamDerenderer
-from deployments.transport.coalesce import NoOutputEvent, coalesced, marks_followed
+from deployments.transport.coalesce import NoOutputEvent, marks_followed
 from deployments.vllm_adapter.anthropic import anthropic_events, anthropic_message
 from deployments.vllm_adapter.internals import (
     decode_params,
@@ -121,15 +121,14 @@ class TextOutput:
         self,
         job: TextJob,
         result: ErrorResponse | GenerateTokensResponse | AsyncIterator[str],
-        coalesce_s: float | None,
         event: ChunkEvent = openai_event,
         role_chunk: bool = True,
         tap: PayloadTap | None = None,
     ) -> AsyncGenerator[Any, None]:
         """One generate result → what the client gets: the error value, the unary
-        response, or the SSE stream (coalesced per stream for the handle hop
-        back, unless ``coalesce_s`` is None: a step channel batches it), each
-        OpenAI chunk written once, by ``event`` (``role_chunk``: ``stream``).
+        response, or the SSE stream (which a step channel batches with its other
+        streams' events), each OpenAI chunk written once, by ``event``
+        (``role_chunk``: ``stream``).
         ``tap`` sees each chat or completion stream's generate payloads."""
         if isinstance(result, ErrorResponse):
             yield result
@@ -155,8 +154,7 @@ class TextOutput:
             events = self._responses.stream(job, result)
         else:
             events = self.stream(job, result, event, role_chunk, tap)
-        # Closed with this generator, so its coalescing task stops reading the source.
-        async with contextlib.aclosing(coalesced(events, coalesce_s)) as items:
+        async with contextlib.aclosing(events) as items:
             async for item in items:
                 yield item
 
@@ -164,7 +162,6 @@ class TextOutput:
         self,
         job: TextJob,
         results: Sequence[ErrorResponse | GenerateTokensResponse | AsyncIterator[str]],
-        coalesce_s: float | None,
         event: ChunkEvent = openai_event,
     ) -> AsyncGenerator[Any, None]:
         """``respond`` for a multi-prompt completion: one generate result per prompt of
@@ -180,7 +177,7 @@ class TextOutput:
             return
         streams = [r for r in results if not isinstance(r, GenerateTokensResponse)]
         events = self._batch_stream(job, streams, event)  # type: ignore[arg-type]
-        async with contextlib.aclosing(coalesced(events, coalesce_s)) as items:
+        async with contextlib.aclosing(events) as items:
             async for item in items:
                 yield item
 

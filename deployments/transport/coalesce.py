@@ -1,4 +1,9 @@
-"""Coalesce a tier's SSE events into fewer streamed handle items.
+"""Coalesce a tier's SSE events into fewer streamed handle items, and the markers a
+step channel's window reads (``NoOutputEvent``, ``is_output``, ``plain``).
+
+The graph's hops are step channels (``step_channel.py``) since the inline one;
+per-stream coalescing is what they replaced on Generate → Ingress, kept for
+``python -m bench.transport``, which measures each hop shape.
 
 Every item a replica yields through a streamed DeploymentHandle is one Ray
 object (~350 µs here), and Serve's replica-to-caller stream has no

@@ -53,7 +53,9 @@ async def wait_routed(
     counts as taken: the call goes on as Serve runs it. Meanwhile Serve's router
     holds the call, and sends it to the first replica that starts.
     """
-    future = assignment_future(getattr(response, "handle_response", response))
+    while hasattr(response, "handle_response"):  # a call that wraps the handle's own
+        response = response.handle_response
+    future = assignment_future(response)
     if future is None or future.done():
         return True
     # A concurrent future when the router runs on its own loop (Serve's default).

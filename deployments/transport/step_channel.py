@@ -4,9 +4,10 @@ A streamed DeploymentHandle call pays one Ray item per yield (~300–570 µs of
 CPU here, on both ends). Per-stream coalescing joins nothing when the engine
 paces every stream at one token per step, so N streams cost N items a step.
 A caller replica instead opens one long-lived *channel* call to each replica
-it sends streams to (Derender → Generate, Ingress → Derender); every stream
-it binds there puts its events in the channel's outbox, and the channel
-yields whatever the step produced, for all those streams, as one item.
+it reads streams from (the Ingress and Derender from Generate, the Ingress from
+Derender); every stream it binds there puts its events in the channel's outbox,
+and the channel yields whatever the step produced, for all those streams, as
+one item.
 
 Each stream keeps its own streamed call (a ``*_on_channel`` method), which carries
 what comes before the stream (a ``ServedBy`` marker, an error value, a unary
@@ -34,6 +35,7 @@ from typing import Any
 from ray.serve.deployment import Deployment
 from ray.serve.handle import DeploymentHandle
 
+from deployments.messages.text_steps import TextSteps
 from deployments.observability.metrics import graph_metrics
 from deployments.transport.coalesce import plain, without_output
 
@@ -156,7 +158,7 @@ class Outboxes:
         try:
             async for item in items:
                 if outbox is None:
-                    if not isinstance(item, str):
+                    if not isinstance(item, (str, TextSteps)):
                         yield item
                         continue
                     outbox = self.get(caller)

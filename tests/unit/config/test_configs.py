@@ -135,14 +135,15 @@ def test_config_builds_its_graph(path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "slots"),
     [
-        ({"generate.max_ongoing_requests": "5", "derender.num_replicas": "2"}, 5 + 2),
-        ({"generate.max_ongoing_requests": "1"}, 1 + 4),  # Derender autoscales to 4
-        ({"derender.autoscaling.max_replicas": "6"}, 256 + 6),
+        ({"generate.max_ongoing_requests": "5", "derender.num_replicas": "2"}, 5 + 2 + 1),
+        ({"generate.max_ongoing_requests": "1"}, 1 + 4 + 1),  # Derender autoscales to 4
+        ({"derender.autoscaling.max_replicas": "6"}, 256 + 6 + 1),
+        ({"ingress.num_replicas": "3"}, 256 + 4 + 3),
     ],
 )
-def test_generate_gets_a_slot_per_derender_step_channel(args: dict[str, str], slots: int) -> None:
-    # Each Derender replica holds one step channel open on every Generate
-    # replica: without a slot of its own it would take a request's.
+def test_generate_gets_a_slot_per_step_channel(args: dict[str, str], slots: int) -> None:
+    # Each Derender replica and each Ingress replica holds one step channel open on
+    # every Generate replica: without a slot of its own it would take a request's.
     from graph import build_app
 
     assert _deployments(build_app(args))["Generate"].max_ongoing_requests == slots

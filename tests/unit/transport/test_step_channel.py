@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from deployments.messages.text_steps import TextSteps
 from deployments.transport.coalesce import NoOutputEvent
 from deployments.transport.step_channel import (
     STREAM_END,
@@ -113,6 +114,29 @@ def test_a_bound_call_yields_what_precedes_the_stream_then_binds_it_with_its_fir
     # The first event rides on OnChannel: a first token never waits for a channel batch.
     assert on_call == [("served", "by"), OnChannel("replica", "data: 1\n\n")]
     assert batch == [("k", "data: 2\n\n"), ("k", STREAM_END)]
+
+
+def test_an_inline_streams_text_steps_are_events_and_travel_on_the_channel() -> None:
+    # An inline stream that can move yields TextSteps, not str (messages/text_steps.py).
+    first = TextSteps(NoOutputEvent("data: role\n\n"), 1, [[1]])
+    second = TextSteps("data: 2\n\n", 1, [[2]], finished=True)
+
+    async def marker_then_steps() -> AsyncIterator[object]:
+        yield ("served", "by")
+        yield first
+        yield second
+
+    async def run() -> tuple[list[object], list[tuple[str, object]]]:
+        boxes = Outboxes("replica")
+        on_call = [item async for item in boxes.bind(marker_then_steps(), "caller", "k")]
+        return on_call, await anext(boxes.get("caller").batches(0))
+
+    on_call, batch = asyncio.run(run())
+    assert on_call == [("served", "by"), OnChannel("replica", first)]
+    bound = on_call[1]
+    assert isinstance(bound, OnChannel)
+    assert type(bound.first.text) is str  # the NoOutputEvent marker stays in this process
+    assert batch == [("k", second), ("k", STREAM_END)]
 
 
 def test_a_channel_call_that_reached_another_replica_is_refused() -> None:
