@@ -45,8 +45,9 @@ def build_graph(config: GraphConfig) -> Application:
     """Bind the graph for an already-validated config."""
     control = control_plane_deployment().bind(config.observability.metrics)
     render = render_deployment(config).bind(config)
-    # Each Derender replica holds a step channel on every Generate replica it streams
-    # from, and each Ingress replica one on every Derender replica.
+    # Each Derender replica and each Ingress replica holds a step channel on every
+    # Generate replica it streams from, and each Ingress replica one on every Derender
+    # replica.
     generate_callers = derender_max_replicas(config) + ingress_max_replicas(config)
     generate = generate_deployment(config, generate_callers).bind(config, control)
     derender = derender_deployment(config, ingress_max_replicas(config))
