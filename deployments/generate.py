@@ -42,9 +42,8 @@ from deployments.edge.validation import named_by_header, validate
 from deployments.messages.control import ControlCommand, EngineState, HostLoad
 from deployments.messages.replies import RenderedText, served_by
 from deployments.messages.text_steps import TextResume
-from deployments.messages.tier import text_call_key
 from deployments.observability import tracing
-from deployments.observability.metrics import Gaps, configure_metrics
+from deployments.observability.metrics import configure_metrics
 from deployments.observability.tracing import Carrier
 from deployments.routing.block_keys import engine_keying, kv_events_config
 from deployments.routing.engine_blocks import (
@@ -58,13 +57,13 @@ from deployments.text.inline_text import InlineText, inline_call_movable
 from deployments.text.output import TextOutput
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from deployments.transport.leaving import LeaveWatch
-from deployments.transport.replica_loss import EngineLostError, ReplicaLeavingError
 from deployments.transport.serve_internals import on_this_process_data_plane, serve_request_id
 from deployments.transport.step_channel import ChannelSource, Outboxes
 from deployments.vllm_adapter.engine_args import serve_namespace
+from deployments.vllm_adapter.engine_calls import EngineCalls
 from deployments.vllm_adapter.engine_metrics import local_vllm_metrics
 from deployments.vllm_adapter.engine_start import replica_cores, start_vllm_engine
-from deployments.vllm_adapter.engine_streams import EngineCall, abort_held, record_streams
+from deployments.vllm_adapter.engine_streams import abort_held, record_streams
 from deployments.vllm_adapter.internals import ENGINE_APP_STATE_NAMES, checked_app_state
 from deployments.vllm_adapter.serve_logging import serve_log_kept
 from deployments.vllm_adapter.worker_fork import remember_worker_start
@@ -77,7 +76,6 @@ logger = logging.getLogger("ray.serve")
 # their callers before it exits.
 ENGINE_WATCH_S = 0.2
 DEAD_ENGINE_EXIT_GRACE_S = 0.5
-_ERROR_EVENT = 'data: {"error"'
 
 
 class Generate(ChannelSource):
@@ -117,14 +115,8 @@ class Generate(ChannelSource):
         remember_worker_start()  # the engine's worker is forked (worker_fork.py)
         with serve_log_kept():
             self._engine = await engine_factory(args)
-        # Each call's cleanup ends only the engine requests it opened (engine_calls.py).
+        # Each call's cleanup ends only the engine requests it opened (engine_streams.py).
         record_streams(self._engine)
-        # The bound calls in flight, by their caller's key: a caller that died (a
-        # Derender replica) cannot cancel them, so the Ingress ends them by key.
-        self._calls: dict[str, EngineCall] = {}
-        # Every call in flight, and whether Serve is stopping this replica (_leave).
-        self._running: set[EngineCall] = set()
-        self._leaving = False
         self._blocks: EngineBlocks | None = None
         self._events: EventSubscriber | None = None
         keying = engine_keying(self._engine.vllm_config) if prefix else None
@@ -137,6 +129,7 @@ class Generate(ChannelSource):
         state = State()
         await init_app_state(self._engine, state, args, await self._engine.get_supported_tasks())
         self._state = checked_app_state(state, ENGINE_APP_STATE_NAMES)
+        self._calls = EngineCalls(self._engine, state.serving_tokens, self._replica)
         text = TextOutput(state.online_derenderer, state.serving_derender)
         self._inline = InlineText(text)
         self._outboxes = Outboxes(self._replica)
@@ -156,34 +149,16 @@ class Generate(ChannelSource):
         which every request routed here would fail. Its callers see the actor die
         or its calls raise ``EngineLostError``, and move the streams that can move
         (``transport/migration.py``). A replica Serve is stopping hands its streams
-        back the same way (``_leave``)."""
+        back the same way (``EngineCalls.leave``)."""
         while not self._engine.errored:
             # Once it leaves, its channels end when no call is left to put events on
             # them: the streams that cannot move finish on them.
-            if self._leave_watch.poll(busy=bool(self._running)):
-                self._leave()
+            if self._leave_watch.poll(busy=self._calls.busy):
+                self._calls.leave()
             await asyncio.sleep(ENGINE_WATCH_S)
         logger.error("engine of replica %s died: exiting so Serve replaces it", self._replica)
         await asyncio.sleep(DEAD_ENGINE_EXIT_GRACE_S)
         os._exit(1)
-
-    def _leave(self) -> None:
-        """Serve is stopping this replica (a scale-in, a redeploy): rather than wait
-        for its streams until ``graceful_shutdown_timeout_s`` cuts them, every call
-        that can move raises ``ReplicaLeavingError`` at its next engine event (a
-        unary one at once), and so does every call that still arrives, so that its
-        caller makes it again on another replica from where it was. What cannot
-        move (multi-prompt completions, inline Responses streams) goes on for as
-        long as Serve waits."""
-        self._leaving = True
-        movable = [call for call in self._running if call.movable]
-        logger.warning(
-            "replica %s is being stopped: moving its %d streams to other replicas",
-            self._replica, len(movable),
-        )  # fmt: skip
-        for call in movable:
-            if call.awaiting:  # a unary call, inside the engine's await
-                call.cancel()
 
     async def generate_body_on_channel(
         self,
@@ -236,10 +211,10 @@ class Generate(ChannelSource):
             trace,
             attributes=tracing.span_attributes(request.request_id, serve_request_id),
         ) as span:
-            call = self._open(key, trace=tracing.carrier_of(span))
+            call = self._calls.open(key, trace=tracing.carrier_of(span))
             try:
                 with call.opening():
-                    result = await self._serve_tokens(request, call)
+                    result = await self._calls.serve_tokens(request, call)
                 if isinstance(result, (ErrorResponse, GenerateResponseBase)):
                     yield result
                     return
@@ -247,76 +222,7 @@ class Generate(ChannelSource):
                     async for event in events:
                         yield event
             finally:
-                await self._close(call, key)
-
-    async def _serve_tokens(
-        self, request: GenerateRequest, call: EngineCall
-    ) -> ErrorResponse | GenerateResponseBase | AsyncGenerator[str, None]:
-        """vLLM's ``serve_tokens``, but a call its engine's death ends raises
-        ``EngineLostError`` (its callers may make it again on another replica,
-        ``transport/migration.py``) instead of answering vLLM's error for it, and
-        a movable call on a replica Serve is stopping raises ``ReplicaLeavingError``."""
-        self._raise_if_left(call)
-        try:
-            result = await self._state.serving_tokens.serve_tokens(request)
-        except asyncio.CancelledError:
-            self._raise_if_left(call)  # cancelled by _leave
-            raise
-        except Exception as exc:
-            self._raise_if_engine_lost(exc)
-            raise
-        if isinstance(result, ErrorResponse):
-            self._raise_if_engine_lost()
-            # Cancelled by _leave: vLLM answers that "Client disconnected".
-            self._raise_if_left(call)
-        if isinstance(result, (ErrorResponse, GenerateResponseBase)):
-            return result
-        return self._engine_events(result, call.movable)
-
-    async def _engine_events(
-        self, events: AsyncGenerator[str, None], movable: bool
-    ) -> AsyncGenerator[str, None]:
-        gaps = Gaps()
-        async with contextlib.aclosing(events):
-            async for event in events:
-                gaps.tick()
-                # vLLM ends a stream its engine failed with an error event.
-                if event.startswith(_ERROR_EVENT):
-                    self._raise_if_engine_lost()
-                if self._leaving and movable:
-                    raise ReplicaLeavingError(self._replica)
-                yield event
-
-    def _raise_if_left(self, call: EngineCall) -> None:
-        """A movable call on a replica Serve is stopping goes back to its caller; one
-        ``_leave`` cancelled goes on to say so."""
-        if self._leaving and call.movable:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                task.uncancel()
-            raise ReplicaLeavingError(self._replica)
-
-    def _raise_if_engine_lost(self, error: BaseException | None = None) -> None:
-        if self._engine.errored:
-            raise EngineLostError(self._replica) from error
-
-    def _open(
-        self, key: str | None, movable: bool = True, trace: Carrier | None = None
-    ) -> EngineCall:
-        call = EngineCall(movable, trace)
-        self._running.add(call)
-        if key is not None:
-            self._calls[key] = call
-        return call
-
-    async def _close(self, call: EngineCall, key: str | None) -> None:
-        """A call that ends, however (client gone, caller cancelled, finished), frees
-        its engine requests and only those: Ray does not always deliver
-        ``CancelledError`` into the call, and another request may share its id."""
-        if key is not None and self._calls.get(key) is call:
-            del self._calls[key]
-        self._running.discard(call)
-        await call.close()
+                await self._calls.close(call, key)
 
     async def text_on_channel(
         self,
@@ -341,8 +247,7 @@ class Generate(ChannelSource):
                 "inline text needs a tokenizer on Generate, but this graph runs tokens_only"
             )
             return
-        if self._leaving:  # before a first item: the Ingress calls another replica
-            raise ReplicaLeavingError(self._replica)
+        self._calls.refuse_if_leaving()
         job = rendered.open()
         if resume is None:  # a moved stream's client has its headers
             yield served_by("inline", with_pid=self._config.expose_replica_pid)
@@ -350,12 +255,12 @@ class Generate(ChannelSource):
             rendered.request_id, serve_request_id, placement="inline"
         )
         with tracing.traced("generate", rendered.trace, attributes=attributes) as span:
-            call = self._open(
+            call = self._calls.open(
                 None, movable=inline_call_movable(job), trace=tracing.carrier_of(span)
             )
 
             def serve(request: GenerateRequest) -> Awaitable[Any]:
-                return self._serve_tokens(request, call)
+                return self._calls.serve_tokens(request, call)
 
             try:
                 items = self._inline.items(job, resume, serve, call.opening)
@@ -363,7 +268,7 @@ class Generate(ChannelSource):
                     async for item in answered:
                         yield item
             finally:
-                await self._close(call, None)
+                await self._calls.close(call, None)
 
     async def _on_control(self, command: ControlCommand) -> int | EngineState | HostLoad | None:
         if command.kind == "abort":
@@ -371,19 +276,10 @@ class Generate(ChannelSource):
         if command.kind == "engine_state":
             return self._engine_state()
         if command.kind == "abort_calls":
-            return self._abort_calls(command.request_ids)
+            return self._calls.abort_calls(command.request_ids)
         if command.kind == "host_load":
             return self._host.reading()
         return None
-
-    def _abort_calls(self, keys: list[str]) -> int:
-        """End the bound calls with these keys (their caller died); how many were here."""
-        ended = set(keys)
-        # A multi-prompt completion's Generate calls carry its key and their prompt.
-        calls = [call for key, call in self._calls.items() if text_call_key(key) in ended]
-        for call in calls:
-            call.cancel()
-        return len(calls)
 
     def _engine_state(self) -> EngineState:
         """This replica's engine for ``/metrics``: what it holds now, and vLLM's metrics."""

@@ -46,7 +46,7 @@ def generate_deployment(config: GraphConfig, channel_callers: int) -> Deployment
             health_check_timeout_s=30,
             graceful_shutdown_timeout_s=5,
             # A stopping replica hands its streams over within ENGINE_WATCH_S
-            # (Generate._leave); Serve then checks every this often whether it holds
+            # (EngineCalls.leave); Serve then checks every this often whether it holds
             # any (default 2 s), and what is left of the 5 s goes to the engine's exit.
             graceful_shutdown_wait_loop_s=0.5,
             request_router_config=PINNED_ROUTING,

@@ -6,7 +6,7 @@ two kinds of ongoing request that would make that wait go wrong: its streams, wh
 may run for minutes, and the step channels its callers hold open on it
 (``step_channel.py``), which never end by themselves. So a replica watches whether
 Serve began to stop it; its work then moves or finishes (each deployment says which:
-``Generate._leave``, ``Derender``), and once no stream is bound to its channels they
+``EngineCalls.leave``, ``Derender``), and once no stream is bound to its channels they
 end, and Serve's wait with them.
 """
 

@@ -227,7 +227,7 @@ class StepChannels:
 
         ``key`` names the stream on its channel, and to the callee: unique across
         callers (a uuid unless given), so a caller of this caller can end the
-        callee's work by it when this one dies (``Generate._abort_calls``)."""
+        callee's work by it when this one dies (``EngineCalls.abort_calls``)."""
         key = key or uuid.uuid4().hex
         self._queues[key] = asyncio.Queue()
         response = getattr(self._handle, method).remote(*args, self._caller, key, **kwargs)

@@ -77,7 +77,7 @@ class EngineCall:
         # The context of the engine requests it opens (observability/tracing.py).
         self.trace = trace
         self.task = asyncio.current_task()
-        # Whether its caller can make it again elsewhere (Generate._leave), and
+        # Whether its caller can make it again elsewhere (EngineCalls.leave), and
         # whether it is inside ``opening`` right now: for a unary call, the whole wait.
         self.movable = movable
         self.awaiting = False

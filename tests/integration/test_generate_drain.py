@@ -1,5 +1,5 @@
 """A Generate replica that Serve stops, by a scale-in or a redeploy, hands its streams
-over to the replicas that stay, and no client sees it (``Generate._leave``); a
+over to the replicas that stay, and no client sees it (``EngineCalls.leave``); a
 Derender replica that Serve stops finishes its streams and then leaves at once
 (``transport/leaving.py``).
 
