@@ -2,10 +2,11 @@
 
 A thin router over vLLM's ``ServingTokens`` (``/inference/v1/generate``),
 built by vLLM's own ``init_app_state``. Every method is an async generator,
-called through a streamed DeploymentHandle: a stream yields vLLM's SSE events
-as vLLM writes them; a unary call yields one response; an error yields one
-error value. What the Ingress calls (``generate``, ``text``) takes the body or
-the rendered job as the Ingress passed it on and yields ``Reply`` values, not
+called through a streamed DeploymentHandle: a unary call yields one response,
+an error one error value, and a stream its SSE events as vLLM writes them, on
+its caller's step channel (``transport/step_channel.py``). What the Ingress
+calls (``generate_body_on_channel``, ``text_on_channel``) takes the body or the
+rendered job as the Ingress passed it on and yields ``Reply`` values, not
 vLLM's models (``edge/replies.py``): the Ingress imports no vLLM.
 
 It also serves the inline text placement: the same stream derenderer as the
@@ -128,7 +129,7 @@ class Generate(ChannelSource):
                 self._events.start()
         state = State()
         await init_app_state(self._engine, state, args, await self._engine.get_supported_tasks())
-        self._state = checked_app_state(state, ENGINE_APP_STATE_NAMES)
+        state = checked_app_state(state, ENGINE_APP_STATE_NAMES)
         self._calls = EngineCalls(self._engine, state.serving_tokens, self._replica)
         text = TextOutput(state.online_derenderer, state.serving_derender)
         self._inline = InlineText(text)
