@@ -20,7 +20,6 @@ from bench.harness.cluster import HEAD_GROUP, LocalCluster
 from bench.harness.cluster_load import (
     TIER,
     OpenLoop,
-    Sent,
     Timeline,
     chat_body,
     engine_requests,
@@ -35,8 +34,10 @@ ENGINE_GROUP = "engine"
 CPU_GROUP = "cpu-text"
 # An explicit error reaches a client within this of the failure (issue 15).
 ERROR_WITHIN_S = 5.0
-# A stream with at most this many events of its 256 tokens has most of them to come.
-FRESH_EVENTS = 32
+# A probe stream's tokens: far more than an engine makes in the time a node's loss takes
+# to reach its replicas; at most MAX_PROBES of them at a time.
+PROBE_TOKENS = 3000
+MAX_PROBES = 6
 CPU_TIERS = ("Render", "Derender")
 # Past a fresh replica's first CPU report (Serve records Render's every 6 s, Derender's
 # every 2.2 s here, and pushes them every 10 s) and the 2 s upscale delay after it.
@@ -147,6 +148,7 @@ def test_autoscaler_adds_a_cpu_node_for_derender_survives_losing_it_and_removes_
     first_nodes = {n["node_id"] for n in cluster.nodes() if n["group"] == CPU_GROUP}
     timeline = Timeline(cluster)
     load = OpenLoop(base_url, cluster_graph.model, [Phase(3.0, 180.0)], max_tokens=256)
+    probes: list[Stream] = []
     timeline.start()
     load.start()
     try:
@@ -169,39 +171,47 @@ def test_autoscaler_adds_a_cpu_node_for_derender_survives_losing_it_and_removes_
             "a Derender replica serving on an added CPU node", serving_on_a_new_node, 300, cluster
         )
 
-        # 2. Kill that node's raylet while streams it serves are mid-way. Its replicas'
-        # processes outlive it until Ray declares the node dead (~17 s with its default
-        # health checks, ~6 s in the reduced form: tests/cluster/conftest.py) and serve
-        # on meanwhile; from each one's exit, its streams have 5 s to end explicitly.
-        # A stream that had most of its tokens may finish before that exit (one CI run
-        # cut none): at least one must have most of its tokens still to come.
-        def mid_stream_there() -> list[Sent] | None:
-            there = [
-                s
-                for s in load.in_flight()
-                if s.stream.headers.get("x-served-by") in replicas_there
-                and len(s.stream.events) > 2
-            ]
-            return there if any(len(s.stream.events) <= FRESH_EVENTS for s in there) else None
+        # 2. Kill that node's raylet while a long stream it serves is mid-way. Its
+        # replicas' processes outlive it until Ray declares the node dead (~17 s with its
+        # default health checks, ~6 s in the reduced form: tests/cluster/conftest.py) and
+        # serve on meanwhile; from each one's exit, its streams have 5 s to end explicitly.
+        # The load's streams may all finish before that exit (two CI runs cut none), so
+        # probes far longer than it are sent until one is served there.
+        def long_stream_there() -> Stream | None:
+            for probe in probes:
+                served_by = probe.headers.get("x-served-by")
+                if served_by in replicas_there and len(probe.events) > 2 and not probe.ended_at:
+                    return probe
+            if sum(not p.ended_at for p in probes) < MAX_PROBES:
+                body = chat_body(cluster_graph.model, PROBE_TOKENS, len(probes))
+                probe = Stream(base_url, "/v1/chat/completions", body, TIER)
+                probe.start()
+                probes.append(probe)
+            return None
 
-        wait_for("streams mid-way on the added node", mid_stream_there, 60, cluster)
+        wait_for("a long stream mid-way on the added node", long_stream_there, 120, cluster)
         pids = {r["replica"]: r["pid"] for r in cluster.replicas() if r["node_id"] == node_id}
         raylet = cluster.raylet(node_id)
         killed_at = time.monotonic()
         raylet.send_signal(signal.SIGKILL)
         exited = exit_times(pids, timeout_s=120)
-        lost = [s for s in load.sent if s.stream.headers.get("x-served-by") in exited]
-        for sent in lost:
-            sent.stream.join(
-                max(0.0, exited[sent.stream.headers["x-served-by"]] + 10 - time.monotonic())
-            )
+        lost = [
+            s
+            for s in [*(sent.stream for sent in load.sent), *probes]
+            if s.headers.get("x-served-by") in exited
+        ]
+        for stream in lost:
+            stream.join(max(0.0, exited[stream.headers["x-served-by"]] + 10 - time.monotonic()))
         cut = []  # seconds from a replica's exit to the error event of a stream it served
-        for sent in lost:
-            got = outcome(sent.stream)
-            assert got in ("ok", "error event"), (got, sent.stream.events[-3:])
+        for stream in lost:
+            got = outcome(stream)
+            assert got in ("ok", "error event"), (got, stream.events[-3:])
             if got == "error event":
-                cut.append(sent.stream.ended_at - exited[sent.stream.headers["x-served-by"]])
-        assert cut, "no stream was cut by the node's loss"
+                cut.append(stream.ended_at - exited[stream.headers["x-served-by"]])
+        probes_lost = [p for p in probes if p in lost]
+        assert probes_lost and all(outcome(p) == "error event" for p in probes_lost), [
+            (outcome(p), len(p.events)) for p in probes_lost
+        ]
         assert max(cut) <= ERROR_WITHIN_S, sorted(cut)[-3:]
         after_kill = [round(t - killed_at, 1) for t in exited.values()]
         print(f"raylet killed; its replicas exited after {after_kill} s; {len(cut)} streams cut, ")
@@ -221,6 +231,9 @@ def test_autoscaler_adds_a_cpu_node_for_derender_survives_losing_it_and_removes_
             cluster,
         )
         load.stop()
+        for probe in probes:  # the rest of the probes: a client that leaves frees its slot
+            if not probe.ended_at:
+                probe.kill()
         load.join(400)
         outcomes = [(s.sent_at - settled, outcome(s.stream)) for s in load.sent]
         assert all(o in ("ok", "error event") for _, o in outcomes), [
@@ -242,6 +255,9 @@ def test_autoscaler_adds_a_cpu_node_for_derender_survives_losing_it_and_removes_
         wait_for("Derender and the CPU nodes scaled in", scaled_in, 300, cluster)
     finally:
         load.stop()
+        for probe in probes:
+            if not probe.ended_at:
+                probe.kill()
         timeline.stop()
         (tmp_path / "timeline.json").write_text(
             json.dumps([s.__dict__ for s in timeline.samples], indent=1)
