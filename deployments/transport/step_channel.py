@@ -78,6 +78,9 @@ class Outbox:
         self._oldest = 0.0  # when the first of ``_items`` was put (perf_counter)
         self._output = False  # whether ``_items`` hold anything but ``without_output`` events
         self._wake = asyncio.Event()
+        # Set by a stream's end: nothing more of that stream can join the batch, so
+        # holding it for the window would only delay that stream's last events.
+        self._flush = asyncio.Event()
         self.closed = False
         self._ending = False
 
@@ -89,11 +92,14 @@ class Outbox:
             self._oldest = time.perf_counter()
         self._output = self._output or not without_output(item)
         self._items.append((key, plain(item)))
+        if item is STREAM_END:
+            self._flush.set()
         self._wake.set()
 
     def end(self) -> None:
         """End the channel once what is queued has gone (its replica is leaving)."""
         self._ending = True
+        self._flush.set()
         self._wake.set()
 
     async def batches(self, window_s: float) -> AsyncIterator[list[tuple[str, Any]]]:
@@ -102,7 +108,8 @@ class Outbox:
         One ``sleep(0)`` before draining lets every stream the engine step just
         woke put its event first. After a batch, events within ``window_s``
         wait to go together; the first event after a quiet spell never waits
-        (and a stream's first event is not here: it rides on ``OnChannel``). A
+        (and a stream's first event is not here: it rides on ``OnChannel``), nor
+        does a stream's end: the batch goes at once with whatever else waits. A
         batch of ``without_output`` events (an empty chunk) does not start the
         window, as in ``coalesce.py``.
         """
@@ -117,10 +124,13 @@ class Outbox:
                 yield []  # fails once the caller is gone, which ends the channel
                 continue
             hold = last_sent + window_s - loop.time()
-            if hold > 0:
-                await asyncio.sleep(hold)
+            if hold > 0 and not self._flush.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(hold):
+                        await self._flush.wait()
             await asyncio.sleep(0)
             self._wake.clear()
+            self._flush.clear()
             items, self._items = self._items, []
             output, self._output = self._output, False
             if items:

@@ -63,6 +63,34 @@ def test_events_within_the_window_wait_to_go_together_and_the_first_never_waits(
     assert elapsed >= 0.2
 
 
+def test_a_streams_end_does_not_wait_out_the_window() -> None:
+    """Nothing more of an ended stream can join its last events: they go at once, with
+    whatever else waits, where the events before the end waited for the window."""
+
+    async def run() -> tuple[list[tuple[str, object]], float]:
+        loop = asyncio.get_running_loop()
+        box = Outbox()
+        batches = box.batches(window_s=60)
+        box.put("a", 1)
+        await anext(batches)  # the window starts
+        start = loop.time()
+        box.put("a", 2)
+        box.put("b", "b1")
+        async def next_batch() -> list[tuple[str, object]]:
+            return await anext(batches)
+
+        waiting = asyncio.create_task(next_batch())
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # held for the window
+        box.put("a", STREAM_END)
+        batch = await asyncio.wait_for(waiting, 5)
+        return batch, loop.time() - start
+
+    batch, elapsed = asyncio.run(run())
+    assert batch == [("a", 2), ("b", "b1"), ("a", STREAM_END)]
+    assert elapsed < 30
+
+
 def test_a_closed_channel_refuses_events_and_a_new_one_starts_empty() -> None:
     async def run() -> None:
         boxes = Outboxes("replica")
