@@ -272,8 +272,8 @@ class GraphConfig(_Strict):
         ge=0,
         le=1000,
         description="Between tiers, SSE events arriving within this window after a step "
-        "channel's last item travel with them as one item (a stream's first event is never "
-        "held); 0 joins only events already waiting.",
+        "channel's last item travel with them as one item (a stream's first event and its "
+        "end are never held); 0 joins only events already waiting.",
     )
     enforce_eager: bool = Field(False, description="Disable graph capture/compilation.")
     logits_processors: list[str] = Field(
