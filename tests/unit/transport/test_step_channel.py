@@ -76,6 +76,7 @@ def test_a_streams_end_does_not_wait_out_the_window() -> None:
         start = loop.time()
         box.put("a", 2)
         box.put("b", "b1")
+
         async def next_batch() -> list[tuple[str, object]]:
             return await anext(batches)
 
