@@ -110,10 +110,6 @@ class OpenLoop:
         for sent in list(self.sent):
             sent.stream.join(max(0.0, deadline - time.monotonic()))
 
-    def in_flight(self, now: float | None = None) -> list[Sent]:
-        now = time.monotonic() if now is None else now
-        return [s for s in self.sent if not s.stream.ended_at or s.stream.ended_at > now]
-
 
 @dataclass
 class Sample:

@@ -43,8 +43,7 @@ class EngineCalls:
         # Derender replica) cannot cancel them, so the Ingress ends them by key.
         self._keyed: dict[str, EngineCall] = {}
         self._running: set[EngineCall] = set()
-        self.leaving = False
-        """Whether Serve is stopping this replica (``leave``)."""
+        self._leaving = False  # Serve is stopping this replica (``leave``)
 
     @property
     def busy(self) -> bool:
@@ -87,7 +86,7 @@ class EngineCalls:
         caller makes it again on another replica from where it was. What cannot
         move (multi-prompt completions, inline Responses streams) goes on for as
         long as Serve waits."""
-        self.leaving = True
+        self._leaving = True
         movable = [call for call in self._running if call.movable]
         logger.warning(
             "replica %s is being stopped: moving its %d streams to other replicas",
@@ -99,7 +98,7 @@ class EngineCalls:
 
     def refuse_if_leaving(self) -> None:
         """Before a call's first item: its caller then calls another replica."""
-        if self.leaving:
+        if self._leaving:
             raise ReplicaLeavingError(self._replica)
 
     async def serve_tokens(
@@ -136,14 +135,14 @@ class EngineCalls:
                 # vLLM ends a stream its engine failed with an error event.
                 if event.startswith(_ERROR_EVENT):
                     self._raise_if_engine_lost()
-                if self.leaving and movable:
+                if self._leaving and movable:
                     raise ReplicaLeavingError(self._replica)
                 yield event
 
     def _raise_if_left(self, call: EngineCall) -> None:
         """A movable call on a replica Serve is stopping goes back to its caller; one
         ``leave`` cancelled goes on to say so."""
-        if self.leaving and call.movable:
+        if self._leaving and call.movable:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 task.uncancel()

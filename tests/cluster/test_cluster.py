@@ -76,6 +76,13 @@ def exit_times(pids: dict[str, int], timeout_s: float) -> dict[str, float]:
     return exited
 
 
+def hang_up(streams: list[Stream]) -> None:
+    """Drop every stream still running, as a client that leaves."""
+    for stream in streams:
+        if not stream.ended_at:
+            stream.kill()
+
+
 def group_of(cluster: LocalCluster) -> dict[str, str]:
     return {n["node_id"]: n["group"] for n in cluster.nodes()}
 
@@ -235,9 +242,7 @@ def test_autoscaler_adds_a_cpu_node_for_derender_survives_losing_it_and_removes_
             cluster,
         )
         load.stop()
-        for probe in probes:  # the rest of the probes: a client that leaves frees its slot
-            if not probe.ended_at:
-                probe.kill()
+        hang_up(probes)  # the rest of the probes: a client that leaves frees its slot
         load.join(400)
         outcomes = [(s.sent_at - settled, outcome(s.stream)) for s in load.sent]
         assert all(o in ("ok", "error event") for _, o in outcomes), [
@@ -259,9 +264,7 @@ def test_autoscaler_adds_a_cpu_node_for_derender_survives_losing_it_and_removes_
         wait_for("Derender and the CPU nodes scaled in", scaled_in, 300, cluster)
     finally:
         load.stop()
-        for probe in probes:
-            if not probe.ended_at:
-                probe.kill()
+        hang_up(probes)
         timeline.stop()
         (tmp_path / "timeline.json").write_text(
             json.dumps([s.__dict__ for s in timeline.samples], indent=1)
