@@ -4,13 +4,13 @@ vLLM's stateless streaming derender (``OnlineDerenderer._derender_chat_stream_pa
 cannot keep a parser between HTTP calls, so each chunk rebuilds the parser and
 replays ``parse_delta`` over the whole history: O(n²) per stream. Inside a Ray
 Serve replica a stream lives in one process for its whole life, so this class
-keeps, per choice, one parser and one incremental-detokenizer window and feeds
+keeps, per choice, one parser and one incremental detokenizer and feeds
 each chunk through them once.
 
 It is built only from vLLM's pieces: the parser class from ``ParserManager``
-(via the ``OnlineDerenderer`` that vLLM's app state builds), vLLM's
-incremental detokenization (``OnlineDerenderer._detokenize_delta``) and its
-logprob resolution. Paths with no per-stream parser state (plain chat, and
+(via the ``OnlineDerenderer`` that vLLM's app state builds), the incremental
+detokenizer vLLM's engine decodes a request's output with (``StreamDecoder``) and
+vLLM's logprob resolution. Paths with no per-stream parser state (plain chat, and
 completions) go straight to ``OnlineDerenderer``'s own stream functions, with
 the carried ``DerenderStreamState`` kept in memory instead of round-tripping
 through a client.
@@ -48,12 +48,11 @@ from vllm.renderers.online_derenderer import OnlineDerenderer
 from deployments.text.reasoning_count import ReasoningCounter
 from deployments.text.stop_strings import StopStringHoldback, ended_on_stop_token
 from deployments.vllm_adapter.internals import (
+    StreamDecoder,
     chat_template_kwargs,
     decode_params,
-    detokenize_delta,
     logprob_context_tail,
     resolve_logprobs,
-    seed_stream_state,
 )
 
 
@@ -67,7 +66,7 @@ class _ParsedChoice:
     """What one parsed chat choice keeps between chunks."""
 
     parser: Parser
-    detok: DerenderStreamState
+    detok: StreamDecoder
     holdback: StopStringHoldback
     role_sent: bool = False
     tools_streamed: bool = False
@@ -165,7 +164,7 @@ class ChatStreamDerenderer:
                 )
             chunks.append(chunk)
             if self._parsed:
-                self._choice(index).role_sent = True
+                self._choice(index, request_id).role_sent = True
         self._role_opened = True
         return chunks
 
@@ -206,11 +205,16 @@ class ChatStreamDerenderer:
             stop_strings(self._request), self._request.include_stop_str_in_output
         )
 
-    def _choice(self, index: int) -> _ParsedChoice:
+    def _choice(self, index: int, request_id: str) -> _ParsedChoice:
         state = self._choices.get(index)
         if state is None:
-            detok = seed_stream_state(
-                self._tokenizer, self._prompt_token_ids, skip_special_tokens=self._skip_special
+            detok = StreamDecoder(
+                self._derenderer,
+                self._tokenizer,
+                self._prompt_token_ids,
+                skip_special_tokens=self._skip_special,
+                spaces_between_special_tokens=self._spaces_between,
+                request_id=request_id,
             )
             holdback = self._new_holdback()
             state = self._choices[index] = _ParsedChoice(self._new_parser(), detok, holdback)
@@ -238,7 +242,7 @@ class ChatStreamDerenderer:
         stream_choices: list[ChatCompletionResponseStreamChoice] = []
         return_token_ids = bool(request.return_token_ids and request.include_reasoning)
         for choice in chunk.choices:
-            state = self._choice(choice.index)
+            state = self._choice(choice.index, chunk.request_id)
             delta_ids = list(choice.token_ids or [])
             if self._counts_reasoning:
                 state.generated += delta_ids
@@ -253,14 +257,7 @@ class ChatStreamDerenderer:
                     # As the engine's detokenizer: the stop token has no text.
                     text_ids = delta_ids[:-1]
                 if text_ids:
-                    text, state.detok = detokenize_delta(
-                        self._derenderer,
-                        self._tokenizer,
-                        text_ids,
-                        state.detok,
-                        skip_special_tokens=self._skip_special,
-                        spaces_between_special_tokens=self._spaces_between,
-                    )
+                    text = state.detok.decode(text_ids)
                 text = state.holdback.push(text, choice.finish_reason, choice.stop_reason)
                 delta = state.parser.parse_delta(
                     text,

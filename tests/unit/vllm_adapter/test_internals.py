@@ -21,6 +21,7 @@ from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
     GenerateLogProbs,
     GenerateTokensStreamResponse,
 )
+from vllm.sampling_params import SamplingParams
 
 from bench.harness.servers import TINY_MODEL
 from deployments.config.graph_config import GraphConfig
@@ -134,6 +135,58 @@ def test_seed_stream_state_and_detokenize_delta(state: Any, tokenizer: Any) -> N
             )
             out += delta
         assert out == tokenizer.decode(ids)
+
+
+class _NotFast:
+    """The tokenizer as a tokenizer vLLM's engine would not decode with its fast
+    detokenizer (not a ``TokenizersBackend``): every call goes to the real one."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._inner = tokenizer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+
+@pytest.mark.parametrize("spaces_between", [True, False])
+@pytest.mark.parametrize("fast", [True, False])
+def test_stream_decoder_is_the_engines_detokenizer(
+    state: Any, tokenizer: Any, fast: bool, spaces_between: bool
+) -> None:
+    """Fed token by token after a prompt, the text is the engine's: vLLM's
+    ``FastIncrementalDetokenizer`` for this (fast) tokenizer, the derender window for
+    any other; special tokens kept, as a parser needs them, and a character split
+    across tokens (the emoji) written once it is whole."""
+    text = "<think>\nHello! 😀 How can I help?\n</think>\n\nDone."
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    prompt = tokenizer.encode("hi there", add_special_tokens=False)
+    with vllm_symbol("vllm.v1.engine.detokenizer.FastIncrementalDetokenizer"):
+        assert vi.uses_fast_detokenizer(tokenizer)
+        engine = vi.FastIncrementalDetokenizer(
+            tokenizer,
+            SimpleNamespace(  # type: ignore[arg-type]
+                request_id="r",
+                prompt_token_ids=prompt,
+                sampling_params=SamplingParams(
+                    skip_special_tokens=False, spaces_between_special_tokens=spaces_between
+                ),
+            ),
+        )
+        engine.update(ids, stop_terminated=False)
+        decoder = vi.StreamDecoder(
+            state.online_derenderer,
+            tokenizer if fast else _NotFast(tokenizer),
+            prompt,
+            skip_special_tokens=False,
+            spaces_between_special_tokens=spaces_between,
+            request_id="r",
+        )
+        out = "".join(decoder.decode([token]) for token in ids)
+        assert out == engine.get_next_output_text(finished=True, delta=False)
+        assert out == tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def test_resolve_logprobs_and_context_tail(tokenizer: Any) -> None:
