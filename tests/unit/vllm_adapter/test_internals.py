@@ -158,9 +158,9 @@ def test_stream_decoder_is_the_engines_detokenizer(
 ) -> None:
     """Fed token by token after a prompt, the text is the engine's: vLLM's
     ``FastIncrementalDetokenizer`` for this (fast) tokenizer, the derender window for
-    any other; special tokens kept, as a parser needs them, and a character split
-    across tokens (the emoji) written once it is whole."""
-    text = "<think>\nHello! 😀 How can I help?\n</think>\n\nDone."
+    any other; special tokens (``<|im_end|>``) kept, as a parser needs them, and a
+    character split across tokens (the emoji, four here) written once it is whole."""
+    text = "<think>\nHello! 😀 How can I help?\n</think>\n\nDone.<|im_end|>"
     ids = tokenizer.encode(text, add_special_tokens=False)
     prompt = tokenizer.encode("hi there", add_special_tokens=False)
     with vllm_symbol("vllm.v1.engine.detokenizer.FastIncrementalDetokenizer"):
