@@ -50,12 +50,7 @@ from deployments.text.stop_strings import cut_at_stop, ended_on_stop_string, end
 from deployments.text.stream_derenderer import ChatStreamDerenderer, CompletionStreamDerenderer
 from deployments.transport.coalesce import NoOutputEvent, marks_followed
 from deployments.vllm_adapter.anthropic import anthropic_events, anthropic_message
-from deployments.vllm_adapter.internals import (
-    decode_params,
-    detokenize_delta,
-    resolve_logprobs,
-    seed_stream_state,
-)
+from deployments.vllm_adapter.internals import StreamDecoder, decode_params, resolve_logprobs
 
 OpenAIChunk = ChatCompletionStreamResponse | CompletionStreamResponse
 # Writes one OpenAI chunk as the SSE event the client gets.
@@ -233,15 +228,14 @@ class TextOutput:
             text_ids = list(gen.token_ids or [])
             if ended_on_stop_token(gen.finish_reason, gen.stop_reason, include_stop):
                 text_ids = text_ids[:-1]
-            seed = seed_stream_state(tokenizer, prompt, skip_special_tokens=skip)
-            text, _ = detokenize_delta(
+            text = StreamDecoder(
                 derenderer,
                 tokenizer,
-                text_ids,
-                seed,
+                prompt,
                 skip_special_tokens=skip,
                 spaces_between_special_tokens=spaces,
-            )
+                request_id=job.generate_request.request_id,
+            ).decode(text_ids)
             if ended_on_stop_string(gen.finish_reason, gen.stop_reason, include_stop):
                 assert isinstance(gen.stop_reason, str)
                 text = cut_at_stop(text, gen.stop_reason)
