@@ -164,7 +164,7 @@ class ChatStreamDerenderer:
                 )
             chunks.append(chunk)
             if self._parsed:
-                self._choice(index, request_id).role_sent = True
+                self._choice(index).role_sent = True
         self._role_opened = True
         return chunks
 
@@ -205,7 +205,7 @@ class ChatStreamDerenderer:
             stop_strings(self._request), self._request.include_stop_str_in_output
         )
 
-    def _choice(self, index: int, request_id: str) -> _ParsedChoice:
+    def _choice(self, index: int) -> _ParsedChoice:
         state = self._choices.get(index)
         if state is None:
             detok = StreamDecoder(
@@ -214,7 +214,7 @@ class ChatStreamDerenderer:
                 self._prompt_token_ids,
                 skip_special_tokens=self._skip_special,
                 spaces_between_special_tokens=self._spaces_between,
-                request_id=request_id,
+                request_id=self._request.request_id,
             )
             holdback = self._new_holdback()
             state = self._choices[index] = _ParsedChoice(self._new_parser(), detok, holdback)
@@ -242,7 +242,7 @@ class ChatStreamDerenderer:
         stream_choices: list[ChatCompletionResponseStreamChoice] = []
         return_token_ids = bool(request.return_token_ids and request.include_reasoning)
         for choice in chunk.choices:
-            state = self._choice(choice.index, chunk.request_id)
+            state = self._choice(choice.index)
             delta_ids = list(choice.token_ids or [])
             if self._counts_reasoning:
                 state.generated += delta_ids
