@@ -14,12 +14,21 @@ DeploymentHandles, one replica per deployment), but each replica does nothing el
 the CPU this app takes per request is what Serve's edge, handles and Ray take for a
 request of the graph's shape: the part of the graph's cost no change to the graph's own
 code removes. No model, no engine; a request's answer is made up.
+
+Two switches, read from the environment when a replica imports this module, make it the
+least floor (``--servers floor-min``): ``FLOOR_ITEMS=joined`` sends Generate's stream in
+two items, its first token and then the rest with its end (what the graph's step channel
+sends for a short stream: one item as soon as the first token is there, then its end at
+once), not an item per chunk; ``FLOOR_STEP_MS`` sets the step (1.25 ms there: vLLM's
+engine made about 690 steps a second at concurrency 1 on this host), so a request lasts
+as long as vLLM's and Ray's wall-time costs are not spread over fewer requests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any, cast
@@ -29,8 +38,9 @@ from fastapi.responses import StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-STEP_S = 0.005
+STEP_S = float(os.environ.get("FLOOR_STEP_MS", "5")) / 1000
 """A decode step of the embedded model on this host, about (its TPOT p50 idle)."""
+JOINED = os.environ.get("FLOOR_ITEMS") == "joined"
 
 api = FastAPI()
 
@@ -57,20 +67,41 @@ class FloorRender:
 @serve.deployment(name="Generate", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
 class FloorGenerate:
     async def text(self, rendered: dict[str, Any]) -> AsyncIterator[str]:
-        request_id, created = f"chatcmpl-{time.monotonic_ns()}", int(time.time())
         tokens = rendered["max_tokens"]
-        yield _chunk(request_id, created, {"role": "assistant", "content": ""})
-        for i in range(tokens):
-            await asyncio.sleep(STEP_S)
-            yield _chunk(request_id, created, {"content": f" w{i}"})
-        usage = {
-            "prompt_tokens": len(rendered["token_ids"]),
-            "completion_tokens": tokens,
-            "total_tokens": len(rendered["token_ids"]) + tokens,
-        }
-        last = {"id": request_id, "object": "chat.completion.chunk", "created": created}
-        yield f"data: {json.dumps({**last, 'model': 'floor', 'choices': [], 'usage': usage})}\n\n"
-        yield "data: [DONE]\n\n"
+        chunks = _answer(rendered)
+        if not JOINED:
+            yield chunks[0]
+            for i in range(tokens):
+                await asyncio.sleep(STEP_S)
+                yield chunks[1 + i]
+            for chunk in chunks[1 + tokens :]:
+                yield chunk
+            return
+        # The role chunk with the first token's after a step, then the rest with the end
+        # after the other steps: one timer each, as one engine step serves every stream.
+        await asyncio.sleep(STEP_S)
+        yield "".join(chunks[:2])
+        await asyncio.sleep(STEP_S * (tokens - 1))
+        yield "".join(chunks[2:])
+
+
+def _answer(rendered: dict[str, Any]) -> list[str]:
+    """A chat's SSE events: the role chunk, a chunk per token, usage, ``[DONE]``."""
+    request_id, created = f"chatcmpl-{time.monotonic_ns()}", int(time.time())
+    tokens = rendered["max_tokens"]
+    chunks = [_chunk(request_id, created, {"role": "assistant", "content": ""})]
+    chunks += [_chunk(request_id, created, {"content": f" w{i}"}) for i in range(tokens)]
+    usage = {
+        "prompt_tokens": len(rendered["token_ids"]),
+        "completion_tokens": tokens,
+        "total_tokens": len(rendered["token_ids"]) + tokens,
+    }
+    last = {"id": request_id, "object": "chat.completion.chunk", "created": created}
+    chunks.append(
+        f"data: {json.dumps({**last, 'model': 'floor', 'choices': [], 'usage': usage})}\n\n"
+    )
+    chunks.append("data: [DONE]\n\n")
+    return chunks
 
 
 @serve.deployment(name="Derender", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)

@@ -193,7 +193,7 @@ def variants_table(runs: Sequence[ServerRun]) -> list[str]:
     """``make-run`` against each ``--variant`` round by round: CPU per request, all
     processes and without the engine (whose spin-wait grows with wall time)."""
     base = next((r for r in runs if r.label == "make-run"), None)
-    others = [r for r in runs if r.label not in ("vllm", "plain", "make-run", "floor")]
+    others = [r for r in runs if r.label not in ("vllm", "plain", "make-run", *FLOORS)]
     if base is None or not others:
         return []
     lines = [
@@ -223,8 +223,12 @@ def commit_id() -> str:
     return revision(REPO)
 
 
-def floor_table(runs: Sequence[ServerRun]) -> list[str]:
-    """The least each CPU target allows the graph, from Serve's floor (``floor_app``).
+FLOORS = ("floor", "floor-min")
+"""Serve's floor for the graph's shape (``floor_app``), as it streams and at its least."""
+
+
+def floor_table(runs: Sequence[ServerRun], label: str = "floor") -> list[str]:
+    """The least each CPU target allows the graph, from Serve's floor ``label``.
 
     A graph of this shape spends at least the floor (Serve's edge, handles and Ray,
     with no vLLM) plus the engine's CPU (vLLM's, at vLLM's own request rate: a slower
@@ -233,7 +237,7 @@ def floor_table(runs: Sequence[ServerRun]) -> list[str]:
     any change to the graph's own code. Idle: the floor's idle CPU over vLLM's.
     """
     vllm = next((r for r in runs if r.label == "vllm"), None)
-    floor = next((r for r in runs if r.label == "floor"), None)
+    floor = next((r for r in runs if r.label == label), None)
     if vllm is None or floor is None:
         return []
     lines = [
@@ -258,7 +262,7 @@ def floor_table(runs: Sequence[ServerRun]) -> list[str]:
     idle = sum(floor.idle_core_share.values()) - sum(vllm.idle_core_share.values())
     lines += [
         "",
-        f"Idle: the floor takes {idle * 100:.1f}% of a core more than vLLM's server "
+        f"Idle: `{label}` takes {idle * 100:.1f}% of a core more than vLLM's server "
         f"(target for the graph: ≤ {IDLE_EXTRA_CORE * 100:.0f}%).",
     ]
     return lines
@@ -337,17 +341,22 @@ def report(args: argparse.Namespace, runs: Sequence[ServerRun]) -> str:
     ]
     if variants := variants_table(runs):
         out += ["## make-run against each variant", "", *variants, ""]
-    if floor := floor_table(runs):
+    floors = [(label, table) for label in FLOORS if (table := floor_table(runs, label))]
+    if floors:
         out += [
             "## Serve's floor against the targets",
             "",
-            "`floor` is the graph's hops with no vLLM (`bench/requests/floor_app.py`). The "
-            "graph spends at least the floor plus an engine: the last ratio is that "
-            "bound, with the engine's CPU per request taken as vLLM's (at vLLM's rate) "
-            "and all of vLLM's serving work as free. Where it is above a target, no "
-            "change to the graph's own code meets that target.",
-            "",
-            *floor,
+            "`floor` is the graph's hops with no vLLM (`bench/requests/floor_app.py`): an item "
+            "per chunk on each hop, a 5 ms step. `floor-min` is the same at its least: a "
+            "stream in two items (its first token, then the rest with its end, as the "
+            "graph's step channel sends a short stream) and a 1.25 ms step, so its requests "
+            "last about as long as vLLM's. The graph spends at least a floor plus an engine: "
+            "the last ratio is that bound, with the engine's CPU per request taken as "
+            "vLLM's (at vLLM's rate) and all of vLLM's serving work as free. Where "
+            "`floor-min`'s is above a target, no change to the graph's own code meets that "
+            "target while its tiers talk through Serve's handles.",
             "",
         ]
+        for label, table in floors:
+            out += [f"`{label}`:", "", *table, ""]
     return "\n".join(out)

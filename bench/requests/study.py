@@ -15,7 +15,9 @@ in turn, serve the embedded model with the same parsers:
   HAProxy ingress, ``RAY_SERVE_ENABLE_HA_PROXY=1``);
 - ``floor``: ``serve run bench.requests.floor_app:app`` with ``make run``'s switches,
   the graph's hops with no vLLM and no text work (``bench/requests/floor_app.py``):
-  what Serve and Ray alone take per request of the graph's shape.
+  what Serve and Ray alone take per request of the graph's shape;
+- ``floor-min``: the same at its least (``FLOOR_MIN_ENV``): a stream in two items, and
+  a request as short as vLLM's.
 
 Every graph serves both text placements (``X-Text-Placement: inline`` and
 ``tier``). By default vLLM's server stays up beside each graph, and each
@@ -65,6 +67,9 @@ SERVE_PORT = 8000  # `serve run graph:app` takes Serve's default; the import pat
 GRAPH_MODES = ("inline", "tier")
 KV_CACHE_GIB = 2  # GraphConfig's default, given to vLLM's server too
 FLOOR_APP = "bench.requests.floor_app:app"
+# floor_app's switches for its least floor: a stream in two items, an engine step of
+# 1.25 ms (vLLM's engine made about 690 steps a second at concurrency 1 on this host).
+FLOOR_MIN_ENV = {"FLOOR_ITEMS": "joined", "FLOOR_STEP_MS": "1.25"}
 MAX_MODEL_LEN = 32768  # the embedded model's, the graph's default
 
 
@@ -306,9 +311,21 @@ def main() -> None:
             for label, env, unset, graph_args in graph_variants(traced.variants)
             if label in chosen
         ]
+        floor_command = f"serve run {FLOOR_APP}, make run's switches exported"
         if "floor" in chosen:
-            floor_command = f"serve run {FLOOR_APP}, make run's switches exported"
             graphs.append(("floor", dict(SERVE_ENV), [], {}, FLOOR_APP, floor_command))
+        if "floor-min" in chosen:
+            least = " ".join(f"{k}={v}" for k, v in FLOOR_MIN_ENV.items())
+            graphs.append(
+                (
+                    "floor-min",
+                    {**SERVE_ENV, **FLOOR_MIN_ENV},
+                    [],
+                    {},
+                    FLOOR_APP,
+                    f"{floor_command}, with {least}",
+                )
+            )
         for turn, (label, env, unset, graph_args, target, command) in enumerate(graphs):
             run = ServerRun(label, command)
             graph_dir = work / label

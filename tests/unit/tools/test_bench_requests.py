@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any, cast
 
 import pytest
 
 from bench.harness.servers import GRAPH_ENGINE_THREADS
-from bench.requests import study
+from bench.requests import floor_app, study
 from bench.requests.processes import (
     DASHBOARD,
     ENGINE,
@@ -132,6 +135,38 @@ def test_the_floor_bound_adds_vllms_engine_to_the_floor() -> None:
     assert "| inline | 4 | 0.40 (0.40–0.40) | 1.20 (1.20–1.20) | ≤ 1.3× |" in lines
     assert any("8.0% of a core more than vLLM's server" in line for line in lines)
     assert floor_table([vllm]) == []
+    # The least floor is read under its own label, and only there.
+    least = ServerRun("floor-min", "serve run bench.requests.floor_app:app, joined")
+    least.cells = [_cell("floor-min", "inline", r, 10.0) for r in range(2)]
+    least.idle_core_share = {"Ingress": 0.05}
+    lines = floor_table([vllm, least], "floor-min")
+    assert "| inline | 4 | 0.20 (0.20–0.20) | 1.00 (1.00–1.00) | ≤ 1.3× |" in lines
+    assert any("`floor-min` takes 3.0% of a core" in line for line in lines)
+    assert floor_table([vllm, least]) == []
+
+
+@pytest.mark.parametrize("joined", [False, True])
+def test_the_floors_generate_streams_one_answer_in_either_shape(
+    monkeypatch: pytest.MonkeyPatch, joined: bool
+) -> None:
+    monkeypatch.setattr(floor_app, "JOINED", joined)
+    monkeypatch.setattr(floor_app, "STEP_S", 0.0)
+    generate = cast(Any, floor_app.FloorGenerate).func_or_class()
+
+    async def answer() -> list[str]:
+        return [item async for item in generate.text({"token_ids": [1, 2, 3], "max_tokens": 8})]
+
+    items = asyncio.run(answer())
+    # joined: the role chunk with the first token's, then the rest with the end
+    assert len(items) == (2 if joined else 11)
+    events = "".join(items).split("\n\n")[:-1]
+    assert len(events) == 11 and events[-1] == "data: [DONE]"
+    contents = [json.loads(e[6:])["choices"] for e in events[:-1]]
+    assert "".join(c[0]["delta"]["content"] for c in contents if c) == "".join(
+        f" w{i}" for i in range(8)
+    )
+    if joined:
+        assert items[0].count("data: ") == 2 and '"role": "assistant"' in items[0]
 
 
 def test_side_by_side_cells_alternate_with_the_other_server_stopped(
