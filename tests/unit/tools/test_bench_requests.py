@@ -132,7 +132,10 @@ def test_the_floor_bound_adds_vllms_engine_to_the_floor() -> None:
     vllm.idle_core_share, floor.idle_core_share = {ENGINE: 0.02}, {"Ingress": 0.10}
     lines = floor_table([vllm, floor])
     # floor ÷ vLLM 20/50; (20 + 40) ÷ 50 = 1.2
-    assert "| inline | 4 | 0.40 (0.40–0.40) | 1.20 (1.20–1.20) | ≤ 1.3× |" in lines
+    # and with vLLM's whole server added: (20 + 50) ÷ 50 = 1.4
+    assert (
+        "| inline | 4 | 0.40 (0.40–0.40) | 1.20 (1.20–1.20) | 1.40 (1.40–1.40) | ≤ 1.3× |" in lines
+    )
     assert any("8.0% of a core more than vLLM's server" in line for line in lines)
     assert floor_table([vllm]) == []
     # The least floor is read under its own label, and only there.
@@ -140,7 +143,9 @@ def test_the_floor_bound_adds_vllms_engine_to_the_floor() -> None:
     least.cells = [_cell("floor-min", "inline", r, 10.0) for r in range(2)]
     least.idle_core_share = {"Ingress": 0.05}
     lines = floor_table([vllm, least], "floor-min")
-    assert "| inline | 4 | 0.20 (0.20–0.20) | 1.00 (1.00–1.00) | ≤ 1.3× |" in lines
+    assert (
+        "| inline | 4 | 0.20 (0.20–0.20) | 1.00 (1.00–1.00) | 1.20 (1.20–1.20) | ≤ 1.3× |" in lines
+    )
     assert any("`floor-min` takes 3.0% of a core" in line for line in lines)
     assert floor_table([vllm, least]) == []
 
