@@ -12,16 +12,18 @@ Generate and passes the chunks on. The answer has the shape the request bench re
 Every call and every streamed item crosses Serve as in the graph (the same switches,
 DeploymentHandles, one replica per deployment), but each replica does nothing else, so
 the CPU this app takes per request is what Serve's edge, handles and Ray take for a
-request of the graph's shape: the part of the graph's cost no change to the graph's own
-code removes. No model, no engine; a request's answer is made up.
+request of the graph's shape. No model, no engine; a request's answer is made up.
 
+By default Generate yields an item per chunk, 5 ms apart: more than the graph's hops take.
 Two switches, read from the environment when a replica imports this module, make it the
-least floor (``--servers floor-min``): ``FLOOR_ITEMS=joined`` sends Generate's stream in
-two items, its first token and then the rest with its end (what the graph's step channel
-sends for a short stream: one item as soon as the first token is there, then its end at
-once), not an item per chunk; ``FLOOR_STEP_MS`` sets the step (1.25 ms there: vLLM's
-engine made about 690 steps a second at concurrency 1 on this host), so a request lasts
-as long as vLLM's and Ray's wall-time costs are not spread over fewer requests.
+least floor (``--servers floor-min``), the part of the graph's cost no change to the
+graph's own code removes while its tiers talk through Serve's handles:
+``FLOOR_ITEMS=joined`` sends Generate's stream in two items, its first token and then the
+rest with its end (what the graph's step channel sends for a short stream: one item as
+soon as the first token is there, then its end at once); ``FLOOR_STEP_MS`` sets the step
+(1.25 ms there: vLLM's engine made about 690 steps a second at concurrency 1 on this
+host), so a request lasts about as long as vLLM's, and Ray's wall-time costs are not
+spread over fewer requests than vLLM serves.
 """
 
 from __future__ import annotations
