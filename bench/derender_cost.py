@@ -28,6 +28,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,9 +128,18 @@ def measure(state: Any, n: int, stateless_full_max: int, samples: int) -> Row:
         parser.parse_delta(text, [t], request, prompt_token_ids=prompt, finished=i == n - 1)
     bare = (time.process_time() - start) / n
 
+    def kept_alive_with(decode: Callable[[int], str]) -> float:
+        """CPU per token of a parser kept alive, fed the text ``decode`` makes of each token."""
+        parser = new_parser()
+        start = time.process_time()
+        for i, t in enumerate(ids):
+            parser.parse_delta(
+                decode(t), [t], request, prompt_token_ids=prompt, finished=i == n - 1
+            )
+        return (time.process_time() - start) / n
+
     # Parser kept alive: the engine's incremental detokenizer + parse_delta, the
     # work a stream must do per token whatever carries it.
-    parser = new_parser()
     detok = StreamDecoder(
         derenderer,
         tokenizer,
@@ -138,19 +148,15 @@ def measure(state: Any, n: int, stateless_full_max: int, samples: int) -> Row:
         spaces_between_special_tokens=True,
         request_id="bench",
     )
-    start = time.process_time()
-    for i, t in enumerate(ids):
-        text = detok.decode([t])
-        parser.parse_delta(text, [t], request, prompt_token_ids=prompt, finished=i == n - 1)
-    kept_alive = (time.process_time() - start) / n
+    kept_alive = kept_alive_with(lambda t: detok.decode([t]))
 
     # The same with vLLM's derender window for the text (what the derenderer decoded
     # with until it took the engine's detokenizer): every step borrows from vLLM's
     # tokenizer pool.
-    parser = new_parser()
     window = seed_stream_state(tokenizer, prompt, skip_special_tokens=False)
-    start = time.process_time()
-    for i, t in enumerate(ids):
+
+    def windowed_text(t: int) -> str:
+        nonlocal window
         text, window = detokenize_delta(
             derenderer,
             tokenizer,
@@ -159,8 +165,9 @@ def measure(state: Any, n: int, stateless_full_max: int, samples: int) -> Row:
             skip_special_tokens=False,
             spaces_between_special_tokens=True,
         )
-        parser.parse_delta(text, [t], request, prompt_token_ids=prompt, finished=i == n - 1)
-    windowed = (time.process_time() - start) / n
+        return text
+
+    windowed = kept_alive_with(windowed_text)
 
     def stateless_step(position: int, carried: DerenderStreamState) -> tuple[float, Any]:
         begin = time.process_time()
