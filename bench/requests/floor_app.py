@@ -24,6 +24,15 @@ soon as the first token is there, then its end at once); ``FLOOR_STEP_MS`` sets 
 (1.25 ms there: vLLM's engine made about 690 steps a second at concurrency 1 on this
 host), so a request lasts about as long as vLLM's, and Ray's wall-time costs are not
 spread over fewer requests than vLLM serves.
+
+``FLOOR_ENGINE=vllm`` (``--servers floor-engine``, with the least floor's two items) puts
+vLLM's engine behind Generate: the graph's engine, started as a Generate replica starts
+it (``GraphConfig``'s defaults: the embedded model, one engine thread), paces the stream
+with its real steps, and Generate sends the first item when the engine's first token is
+there and the rest when the request ends; the engine does not detokenize and no text is
+made. That is the graph with none of its serving work: Serve's least hops plus vLLM's
+engine as a Serve replica runs it, on the graph's wall time, so the engine's spin-wait
+(vLLM's CPU engine spins while it has work) counts as it does for the graph.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import asyncio
 import json
 import os
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
@@ -43,6 +53,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 STEP_S = float(os.environ.get("FLOOR_STEP_MS", "5")) / 1000
 """A decode step of the embedded model on this host, about (its TPOT p50 idle)."""
 JOINED = os.environ.get("FLOOR_ITEMS") == "joined"
+ENGINE = os.environ.get("FLOOR_ENGINE") == "vllm"
 
 api = FastAPI()
 
@@ -66,11 +77,31 @@ class FloorRender:
         return {"token_ids": [ord(c) % 256 for c in prompt], "max_tokens": body["max_tokens"]}
 
 
-@serve.deployment(name="Generate", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
+def _generate_actor_options() -> dict[str, Any]:
+    """Generate's actor: the graph's Generate's core and engine environment with an
+    engine, else nothing (the floor's replicas ask Ray for no CPU)."""
+    if not ENGINE:
+        return {"num_cpus": 0}
+    from deployments.config.graph_config import GraphConfig
+    from deployments.declarations.generate import engine_env
+
+    return {"num_cpus": 1, "runtime_env": {"env_vars": engine_env(GraphConfig())}}
+
+
+@serve.deployment(
+    name="Generate", ray_actor_options=_generate_actor_options(), max_ongoing_requests=1000
+)
 class FloorGenerate:
+    async def __init__(self) -> None:  # type: ignore[misc]
+        self._engine = await _start_engine() if ENGINE else None
+
     async def text(self, rendered: dict[str, Any]) -> AsyncIterator[str]:
         tokens = rendered["max_tokens"]
         chunks = _answer(rendered)
+        if self._engine is not None:
+            async for item in _engine_items(self._engine, rendered, chunks):
+                yield item
+            return
         if not JOINED:
             yield chunks[0]
             for i in range(tokens):
@@ -85,6 +116,35 @@ class FloorGenerate:
         yield "".join(chunks[:2])
         await asyncio.sleep(STEP_S * (tokens - 1))
         yield "".join(chunks[2:])
+
+
+async def _start_engine() -> Any:
+    """vLLM's engine as the graph's Generate replica starts it (the same flags)."""
+    from deployments.config.graph_config import GraphConfig
+    from deployments.vllm_adapter.engine_args import serve_namespace
+    from deployments.vllm_adapter.engine_start import start_vllm_engine
+    from deployments.vllm_adapter.worker_fork import remember_worker_start
+
+    remember_worker_start()
+    return await start_vllm_engine(serve_namespace(GraphConfig(), role="generate"))
+
+
+async def _engine_items(engine: Any, rendered: dict[str, Any], chunks: list[str]) -> Any:
+    """The answer in two items, paced by the engine: the role chunk with the first
+    token's once the engine has a token, then the rest when the request ends."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(
+        max_tokens=rendered["max_tokens"], temperature=0, ignore_eos=True, detokenize=False
+    )
+    prompt = TokensPrompt(prompt_token_ids=rendered["token_ids"])
+    sent_first = False
+    async for output in engine.generate(prompt, params, f"floor-{uuid.uuid4().hex}"):
+        if not sent_first and output.outputs[0].token_ids:
+            sent_first = True
+            yield "".join(chunks[:2])
+    yield "".join(chunks[2:] if sent_first else chunks)
 
 
 def _answer(rendered: dict[str, Any]) -> list[str]:

@@ -225,6 +225,8 @@ def commit_id() -> str:
 
 FLOORS = ("floor", "floor-min")
 """Serve's floor for the graph's shape (``floor_app``), as it streams and at its least."""
+FLOOR_ENGINE = "floor-engine"
+"""The least floor with vLLM's engine behind it: measured against the targets as is."""
 
 
 def floor_table(runs: Sequence[ServerRun], label: str = "floor") -> list[str]:
@@ -369,4 +371,17 @@ def report(args: argparse.Namespace, runs: Sequence[ServerRun]) -> str:
         ]
         for label, table in floors:
             out += [f"`{label}`:", "", *table, ""]
+    if any(r.label == FLOOR_ENGINE for r in runs):
+        out += [
+            "## The graph with none of its serving work",
+            "",
+            f"`{FLOOR_ENGINE}` is `floor-min` with vLLM's engine behind its Generate, started as "
+            "the graph's Generate starts it: Serve's least hops, and vLLM's engine pacing "
+            "the stream with its real steps, but no rendering, detokenizing or text. Its "
+            "rows in the targets table above are measured, not bounds: its engine spins "
+            "for the wall time Serve's hops add, as the graph's does. Where one is above a "
+            "target, no graph over Serve's handles meets that target on this host, however "
+            "little its tiers' own work costs.",
+            "",
+        ]
     return "\n".join(out)

@@ -17,7 +17,9 @@ in turn, serve the embedded model with the same parsers:
   the graph's hops with no vLLM and no text work (``bench/requests/floor_app.py``):
   what Serve and Ray alone take per request of the graph's shape;
 - ``floor-min``: the same at its least (``FLOOR_MIN_ENV``): a stream in two items, and
-  a request as short as vLLM's.
+  a request as short as vLLM's;
+- ``floor-engine``: ``floor-min`` with vLLM's engine behind its Generate
+  (``FLOOR_ENGINE_ENV``): the graph's hops and engine with none of its serving work.
 
 Every graph serves both text placements (``X-Text-Placement: inline`` and
 ``tier``). By default vLLM's server stays up beside each graph, and each
@@ -70,6 +72,8 @@ FLOOR_APP = "bench.requests.floor_app:app"
 # floor_app's switches for its least floor: a stream in two items, an engine step of
 # 1.25 ms (vLLM's engine made about 690 steps a second at concurrency 1 on this host).
 FLOOR_MIN_ENV = {"FLOOR_ITEMS": "joined", "FLOOR_STEP_MS": "1.25"}
+# ... and with vLLM's engine behind its Generate, pacing the stream with real steps.
+FLOOR_ENGINE_ENV = {**FLOOR_MIN_ENV, "FLOOR_ENGINE": "vllm"}
 MAX_MODEL_LEN = 32768  # the embedded model's, the graph's default
 
 
@@ -314,18 +318,19 @@ def main() -> None:
         floor_command = f"serve run {FLOOR_APP}, make run's switches exported"
         if "floor" in chosen:
             graphs.append(("floor", dict(SERVE_ENV), [], {}, FLOOR_APP, floor_command))
-        if "floor-min" in chosen:
-            least = " ".join(f"{k}={v}" for k, v in FLOOR_MIN_ENV.items())
-            graphs.append(
-                (
-                    "floor-min",
-                    {**SERVE_ENV, **FLOOR_MIN_ENV},
-                    [],
-                    {},
-                    FLOOR_APP,
-                    f"{floor_command}, with {least}",
+        for label, floor_env in (("floor-min", FLOOR_MIN_ENV), ("floor-engine", FLOOR_ENGINE_ENV)):
+            if label in chosen:
+                named = " ".join(f"{k}={v}" for k, v in floor_env.items())
+                graphs.append(
+                    (
+                        label,
+                        {**SERVE_ENV, **floor_env},
+                        [],
+                        {},
+                        FLOOR_APP,
+                        f"{floor_command}, with {named}",
+                    )
                 )
-            )
         for turn, (label, env, unset, graph_args, target, command) in enumerate(graphs):
             run = ServerRun(label, command)
             graph_dir = work / label

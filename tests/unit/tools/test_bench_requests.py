@@ -8,6 +8,7 @@ import json
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -156,9 +157,11 @@ def test_the_floors_generate_streams_one_answer_in_either_shape(
 ) -> None:
     monkeypatch.setattr(floor_app, "JOINED", joined)
     monkeypatch.setattr(floor_app, "STEP_S", 0.0)
-    generate = cast(Any, floor_app.FloorGenerate).func_or_class()
+    floor_generate = cast(Any, floor_app.FloorGenerate).func_or_class
 
     async def answer() -> list[str]:
+        generate = floor_generate.__new__(floor_generate)
+        await generate.__init__()  # no engine: FLOOR_ENGINE is unset here
         return [item async for item in generate.text({"token_ids": [1, 2, 3], "max_tokens": 8})]
 
     items = asyncio.run(answer())
@@ -172,6 +175,35 @@ def test_the_floors_generate_streams_one_answer_in_either_shape(
     )
     if joined:
         assert items[0].count("data: ") == 2 and '"role": "assistant"' in items[0]
+
+
+def test_the_engine_floor_sends_its_first_item_with_the_engines_first_token() -> None:
+    """With an engine, Generate's two items follow the engine: nothing while it has no
+    token (a prefill step), the first item with its first token, the rest at its end."""
+    pytest.importorskip("vllm")
+    seen: list[str] = []
+
+    class Engine:
+        async def generate(self, prompt, params, request_id):  # type: ignore[no-untyped-def]
+            assert prompt["prompt_token_ids"] == [1, 2, 3] and params.max_tokens == 3
+            assert params.temperature == 0 and params.ignore_eos and not params.detokenize
+            for tokens in ([], [7], [7, 8], [7, 8, 9]):
+                seen.append(f"step {len(tokens)}")
+                yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=tokens)])
+
+    rendered = {"token_ids": [1, 2, 3], "max_tokens": 3}
+    chunks = floor_app._answer(rendered)
+
+    async def items() -> list[str]:
+        out = []
+        async for item in floor_app._engine_items(Engine(), rendered, chunks):
+            seen.append("item")
+            out.append(item)
+        return out
+
+    got = asyncio.run(items())
+    assert got == ["".join(chunks[:2]), "".join(chunks[2:])]
+    assert seen == ["step 0", "step 1", "item", "step 2", "step 3", "item"]
 
 
 def test_side_by_side_cells_alternate_with_the_other_server_stopped(
