@@ -119,6 +119,13 @@ def test_the_report_names_its_command_and_every_server() -> None:
     # 100 requests in 10 s; 50 CPU ms/request, all of it serving work (no engine here)
     assert "| vllm | – | 4 | 10.0 (10.0–10.0) | 40 (40–40) | 40 (40–40) | 90 (90–90) " in text
     assert "| 50 (50–50) | 50 (50–50) |" in text
+    assert "none of its serving work" not in text
+    # The engine floor is measured against the targets like a graph, and said to be so.
+    runs = _runs([55, 60, 60], [60, 65, 75])
+    runs[1].label = "floor-engine"
+    text = report(args, runs)
+    assert "## The graph with none of its serving work" in text
+    assert "| floor-engine | CPU/request inline ÷ vLLM, concurrency 4: ≤ 1.3× |" in text
 
 
 def test_the_floor_bound_adds_vllms_engine_to_the_floor() -> None:
