@@ -167,6 +167,34 @@ def _joined(batch: list[Any]) -> list[Any]:
     return out
 
 
+def joined_by_stream(batch: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """A step channel's batch (``(stream key, item)`` pairs) with each stream's runs of
+    consecutive strings (or ``TextSteps``) joined into one item, at the place of the
+    run's first; everything else where it was. Each stream keeps its order (the
+    caller reads each stream's items apart), and its caller takes, passes on and
+    writes one item per run rather than one per engine step."""
+    out: list[tuple[str, Any]] = []
+    runs: dict[str, _Run] = {}  # each stream's open run, also held in ``out``
+    for key, item in batch:
+        run = runs.get(key)
+        if isinstance(item, (str, TextSteps)):
+            if run is not None and _kind(item) is _kind(run[0]):
+                run.append(item)
+                continue
+            runs[key] = run = _Run([item])
+            out.append((key, run))
+            continue
+        runs.pop(key, None)
+        out.append((key, item))
+    return [(key, _join(item) if isinstance(item, _Run) else item) for key, item in out]
+
+
+class _Run(list[Any]):
+    """A run of one stream's items in ``joined_by_stream``, told apart from an item."""
+
+    __slots__ = ()
+
+
 def _join(run: list[Any]) -> Any:
     """One item for the run, its text a plain ``str`` (a ``NoOutputEvent`` is a marker
     for this module only)."""

@@ -17,7 +17,9 @@ stays open until the stream ends, so that cancelling it (client gone, abort,
 caller cancelled) stops the work exactly as before, and so that its failure
 (an engine that ends it with an error, a dead replica) reaches the caller.
 Per-stream order holds because a stream's events travel on one channel. A
-broken channel fails every stream bound to it with the channel's error.
+broken channel fails every stream bound to it with the channel's error. In a
+batch, a stream's consecutive events (the steps a window held) go as one item,
+so its caller takes, passes on and writes one item per batch, not one per step.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.messages.text_steps import TextSteps
 from deployments.observability.metrics import graph_metrics
-from deployments.transport.coalesce import plain, without_output
+from deployments.transport.coalesce import joined_by_stream, plain, without_output
 
 # A stream's last item in its channel: the stream ended.
 STREAM_END = None
@@ -103,7 +105,8 @@ class Outbox:
         self._wake.set()
 
     async def batches(self, window_s: float) -> AsyncIterator[list[tuple[str, Any]]]:
-        """Everything put since the last batch, one list per wake-up.
+        """Everything put since the last batch, one list per wake-up, each stream's
+        consecutive events in it joined (``coalesce.joined_by_stream``).
 
         One ``sleep(0)`` before draining lets every stream the engine step just
         woke put its event first. After a batch, events within ``window_s``
@@ -136,7 +139,7 @@ class Outbox:
             if items:
                 metrics.channel_batch_items.observe(len(items))
                 metrics.channel_wait_seconds.observe(time.perf_counter() - self._oldest)
-                yield items
+                yield joined_by_stream(items)
             if self._ending:
                 return
             if output:

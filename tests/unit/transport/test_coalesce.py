@@ -10,7 +10,8 @@ import pytest
 
 from deployments.messages.text_steps import TextSteps
 from deployments.text.sse import DONE, sse_data, sse_payloads, sse_stream_payloads
-from deployments.transport.coalesce import NoOutputEvent, coalesce_events
+from deployments.transport.coalesce import NoOutputEvent, coalesce_events, joined_by_stream
+from deployments.transport.step_channel import STREAM_END
 
 
 def event(i: int) -> str:
@@ -224,3 +225,33 @@ def test_an_opening_joins_the_text_queued_with_it_into_one_item() -> None:
     out = [item for _, item in asyncio.run(collect(burst(), 0.05))]
     assert out == ["".join(items)]
     assert type(out[0]) is str
+
+
+def test_a_batch_joins_each_streams_consecutive_events_and_keeps_every_order() -> None:
+    """A step channel's batch: each stream's runs of strings (or ``TextSteps``) become
+    one item at the run's first place; an item of another kind ends the run there, and
+    streams interleave as they came."""
+    steps = [TextSteps("s1", 1, [[7]]), TextSteps("s2", 1, [[8]], finished=True)]
+    batch = [
+        ("a", "a1"),
+        ("b", NoOutputEvent("b0")),
+        ("a", "a2"),
+        ("b", "b1"),
+        ("c", steps[0]),
+        ("a", STREAM_END),
+        ("c", steps[1]),
+        ("b", 42),
+        ("b", "b2"),
+    ]
+    joined = joined_by_stream(batch)
+    assert joined == [
+        ("a", "a1a2"),
+        ("b", "b0b1"),
+        ("c", TextSteps("s1s2", 2, [[7], [8]], finished=True)),
+        ("a", STREAM_END),
+        ("b", 42),
+        ("b", "b2"),
+    ]
+    # What leaves is plain: the marker joined into a stream's text is gone.
+    assert type(joined[1][1]) is str
+    assert joined_by_stream([("a", "x")]) == [("a", "x")] and joined_by_stream([]) == []

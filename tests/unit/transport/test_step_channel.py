@@ -36,6 +36,19 @@ def test_events_put_in_one_step_leave_as_one_batch() -> None:
     assert second == [("a", "a2")]
 
 
+def test_a_streams_events_in_one_batch_leave_as_one_item() -> None:
+    """Steps a window held: each stream's events joined, so its caller writes them once."""
+
+    async def run() -> list[tuple[str, object]]:
+        box = Outbox()
+        batches = box.batches(window_s=0)
+        for key, event in (("a", "a2 "), ("b", "b1 "), ("a", "a3 "), ("a", STREAM_END)):
+            box.put(key, event)
+        return await anext(batches)
+
+    assert asyncio.run(run()) == [("a", "a2 a3 "), ("b", "b1 "), ("a", STREAM_END)]
+
+
 def test_events_within_the_window_wait_to_go_together_and_the_first_never_waits() -> None:
     async def run() -> tuple[float, list[tuple[str, object]], float]:
         loop = asyncio.get_running_loop()
