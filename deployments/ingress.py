@@ -17,8 +17,6 @@ in ``deployments/declarations/ingress.py``.
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -38,31 +36,21 @@ from deployments.edge.errors import (
 )
 from deployments.edge.guard import GuardSettings, crossing_body_cap, install_guard
 from deployments.edge.json_body import allow_deep_values
-from deployments.edge.placement import AUTO_REASON_HEADER, PLACEMENT_HEADER, requested_placement
+from deployments.edge.placement import PLACEMENT_HEADER, requested_placement
 from deployments.edge.request_spans import install_request_spans
 from deployments.edge.shared_call import SharedCall
+from deployments.edge.text_calls import TextCalls
 from deployments.edge.tier_calls import (
     anthropic_stream_error,
     call,
-    openai_stream_error,
-    respond,
     responses_stream_error,
 )
-from deployments.messages.control import HostLoad
-from deployments.messages.replies import RenderedText, Reply
-from deployments.messages.text_steps import TextResume
 from deployments.observability.cluster_metrics import graph_families
-from deployments.observability.metrics import configure_metrics, graph_metrics
+from deployments.observability.metrics import configure_metrics
 from deployments.observability.tracing import configure_tracing, request_trace_kwargs
-from deployments.routing.pinned_router import avoiding
-from deployments.routing.text_placement import AutoPlacement, PlacementReader
-from deployments.transport.migrating_call import MigratingCall
-from deployments.transport.migration import DeliveredText
 from deployments.transport.serve_internals import on_this_process_data_plane
-from deployments.transport.step_channel import ChannelStream, StepChannels
 from deployments.vllm_adapter.engine_metrics import exposition
 
-Avoid = tuple[str, ...]
 HEALTH_TIMEOUT_S = 5.0
 # The open /health and /metrics: requests that arrive while one fan-out is in
 # flight share it; none is reused after (a read right after an abort must see it).
@@ -127,20 +115,14 @@ class Ingress:
         self._config = config
         self._control = control_plane
         self._render = render
-        self._generate = generate.options(stream=True)
-        replica = serve.get_replica_context().replica_id.unique_id
-        self._generate_channels = StepChannels(generate, replica)
         self._derender_unary = derender
-        self._derender = derender.options(stream=True)
-        self._derender_channels = StepChannels(derender, replica)
-        self._app_name = serve.get_replica_context().app_name
+        context = serve.get_replica_context()
+        replica = context.replica_id.unique_id
+        self._texts = TextCalls(config, generate, derender, control_plane, replica)
+        self._app_name = context.app_name
         self._vllm_version: str | None = None
         self._health: SharedCall[Response] = SharedCall(OPEN_ROUTE_TTL_S)
         self._metrics: SharedCall[Response] = SharedCall(OPEN_ROUTE_TTL_S)
-        self._auto = AutoPlacement(config.auto_placement, tokens_only=config.tokens_only)
-        self._auto_reader = PlacementReader(self._auto, self._host_loads, config.auto_placement)
-        # Abort calls in flight after a tier failed (held so they are not collected).
-        self._cleanups: set[asyncio.Task[Any]] = set()
 
     @app.get("/health")
     async def health(self) -> Response:
@@ -241,7 +223,7 @@ class Ingress:
     async def _messages(self, raw: Request) -> Response:
         placement = self._placement(raw)
         rendered = await _body_call(raw, self._render.messages_text)
-        return await self._text(rendered, placement, anthropic_stream_error)
+        return await self._texts.text(rendered, placement, anthropic_stream_error)
 
     @app.post("/v1/responses")
     async def responses(self, raw: Request) -> Response:
@@ -249,7 +231,7 @@ class Ingress:
         without its store switch (docs/api.md)."""
         placement = self._placement(raw)
         rendered = await _body_call(raw, self._render.responses_text, with_id=False)
-        return await self._text(rendered, placement, responses_stream_error)
+        return await self._texts.text(rendered, placement, responses_stream_error)
 
     @app.get("/v1/responses/{response_id}")
     async def retrieve_response(self, response_id: str) -> Response:
@@ -295,40 +277,7 @@ class Ingress:
                     param="output_mode",
                 )
             )
-        if data.get("output_mode") != "derender":
-            # The Ingress's own call: ending it (client gone, failure) cancels it there.
-            header_id = _header_id(raw)
-            # Named here as Generate would name it (edge.validation.named_by_header, else
-            # vLLM's random id), so that a moved stream keeps its id.
-            if "request_id" not in data:
-                data["request_id"] = header_id or uuid.uuid4().hex
-
-            traced = request_trace_kwargs()
-
-            def generate(body: dict[str, Any], avoid: tuple[str, ...]) -> Any:
-                return self._generate_channels.call(
-                    "generate_body_on_channel", body, header_id, **avoiding(avoid), **traced
-                )
-
-            limit = self._config.generate.migration_limit
-            move_wait_s = self._config.generate.migration_wait_s
-            return await respond(
-                lambda avoid: MigratingCall(
-                    generate, data, limit, self._generate, avoid, move_wait_s
-                ),
-                self._generate,
-            )
-        return await respond(
-            lambda _: self._derender_channels.call(
-                "generate_derender_on_channel",
-                data,
-                context_data,
-                _header_id(raw),
-                **request_trace_kwargs(),
-            ),
-            self._derender,
-            on_failure=self._end_later,
-        )
+        return await self._texts.generate(data, context_data, _header_id(raw))
 
     @app.post("/v1/chat/completions/derender")
     async def derender_chat(self, raw: Request) -> Response:
@@ -341,72 +290,13 @@ class Ingress:
     @app.post("/v1/chat/completions")
     async def chat_completions(self, raw: Request) -> Response:
         placement = self._placement(raw)
-        return await self._text(await _body_call(raw, self._render.chat_text), placement)
+        return await self._texts.text(await _body_call(raw, self._render.chat_text), placement)
 
     @app.post("/v1/completions")
     async def completions(self, raw: Request) -> Response:
         placement = self._placement(raw)
         rendered = await _body_call(raw, self._render.completion_text)
-        return await self._text(rendered, placement)
+        return await self._texts.text(rendered, placement)
 
     def _placement(self, raw: Request) -> str:
         return requested_placement(raw.headers.get(PLACEMENT_HEADER), self._config)
-
-    async def _host_loads(self) -> list[HostLoad]:
-        return await call(self._control.host_loads.remote(), self._control)
-
-    async def _text(
-        self,
-        rendered: RenderedText,
-        placement: str,
-        stream_error: Callable[[Reply], list[str]] = openai_stream_error,
-    ) -> Response:
-        headers = {}
-        reason = "requested"  # by the header, or the graph's text_placement
-        if placement == "auto":
-            self._auto_reader.touch()
-            placement, headers[AUTO_REASON_HEADER] = self._auto.choose(rendered)
-            reason = headers[AUTO_REASON_HEADER].split("=", 1)[0]
-        headers[PLACEMENT_HEADER] = placement
-        graph_metrics().text_placements.inc(tags={"placement": placement, "reason": reason})
-        if placement == "inline":
-
-            def text(request: tuple[RenderedText, TextResume | None], avoid: Avoid) -> Any:
-                return self._generate_channels.call("text_on_channel", *request, **avoiding(avoid))
-
-            generate = self._config.generate
-            return await respond(
-                lambda avoid: MigratingCall(
-                    text,
-                    (rendered, None),
-                    generate.migration_limit,
-                    self._generate,
-                    avoid,
-                    generate.migration_wait_s,
-                    DeliveredText(rendered),
-                ),
-                self._generate,
-                headers,
-                stream_error=stream_error,
-            )
-        return await respond(
-            lambda _: self._derender_channels.call("text_on_channel", rendered),
-            self._derender,
-            headers,
-            on_failure=self._end_later,
-            stream_error=stream_error,
-        )
-
-    def _end_later(self, tier_call: ChannelStream) -> None:
-        """End the Generate call made for ``tier_call``, in the background.
-
-        A Derender replica that dies mid-stream cannot cancel its call to
-        Generate, and Ray does not cancel an actor call whose caller died:
-        the engine would run the request to its end for nobody. The call is
-        named by its key, a uuid no client sees, not by the request id: another
-        client's request may carry the same one.
-        """
-        ending = self._control.end_calls.remote([tier_call.key])
-        task = asyncio.create_task(call(ending, self._control))
-        self._cleanups.add(task)
-        task.add_done_callback(self._cleanups.discard)
