@@ -38,13 +38,13 @@ import psutil
 from bench.arrivals import arrival_times, parse_ramp
 from bench.cli import reproducing_command
 from bench.harness.cluster import (
-    ClusterShape,
     LocalCluster,
     deploy_rayservice,
     local_cluster,
     set_client_env,
 )
 from bench.harness.cluster_load import TIER, OpenLoop, Timeline, engine_requests, outcome
+from bench.harness.cluster_shape import ClusterShape
 from bench.harness.kustomize import on_shared_host, overlay
 from bench.harness.sse_reader import Stream
 from bench.multinode.report import write

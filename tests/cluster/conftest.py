@@ -33,12 +33,12 @@ import httpx
 import pytest
 
 from bench.harness.cluster import (
-    ClusterShape,
     LocalCluster,
     deploy_rayservice,
     local_cluster,
     set_client_env,
 )
+from bench.harness.cluster_shape import ClusterShape
 from bench.harness.kustomize import on_shared_host, overlay, with_derender_scaling
 
 FULL = os.environ.get("SCALEOUT_CLUSTER_FULL") == "1"

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from bench.arrivals import Phase
-from bench.harness.cluster import HEAD_GROUP, LocalCluster
+from bench.harness.cluster import LocalCluster
 from bench.harness.cluster_load import (
     TIER,
     OpenLoop,
@@ -25,6 +25,7 @@ from bench.harness.cluster_load import (
     engine_requests,
     outcome,
 )
+from bench.harness.cluster_shape import HEAD_GROUP
 from bench.harness.kustomize import SHARED_HOST_DERENDER_CORES
 from bench.harness.sse_reader import Stream
 from deployments.config.graph_config import CPU_POLICY

@@ -12,7 +12,9 @@ parser makes of each delta is the same).
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -135,15 +137,41 @@ def assert_equal(got: Any, want: Any, what: str) -> None:
         assert abs(a - b) <= LOGPROB_TOLERANCE, (what, a, b)
 
 
+# vLLM's own streamed answer to one body is not always the same: for the stop shape its
+# usage counted 1 reasoning token in one stream of 40 and 2 in the others (by hand,
+# 2026-12-06). A stream equals vLLM's when it equals one of vLLM's streamed answers to
+# the same body, of up to this many asked for.
+VLLM_STREAM_ANSWERS = 8
+
+
+def assert_equal_to_one_of(got: Any, answers: Iterator[Any], what: str) -> None:
+    """``got`` equals one of ``answers`` (taken one at a time, as needed); if none,
+    the mismatch with the first is what fails."""
+    first: AssertionError | None = None
+    for want in answers:
+        try:
+            assert_equal(got, want, what)
+            return
+        except AssertionError as mismatch:
+            first = first or mismatch
+    assert first is not None, "no answers"
+    raise first
+
+
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_responses_equal_vllms(vllm_server: Server, client: httpx.Client, shape: str) -> None:
     body = SHAPES[shape]
     with httpx.Client(base_url=vllm_server.base_url, timeout=120) as reference:
         want_unary, want_stream = unary(reference, body, {}), streamed(reference, body, {})
-    for placement in PLACEMENTS:
-        headers = {"X-Text-Placement": placement}
-        assert_equal(unary(client, body, headers), want_unary, f"{placement} unary")
-        assert_equal(streamed(client, body, headers), want_stream, f"{placement} stream")
+        for placement in PLACEMENTS:
+            headers = {"X-Text-Placement": placement}
+            assert_equal(unary(client, body, headers), want_unary, f"{placement} unary")
+            more = (streamed(reference, body, {}) for _ in range(VLLM_STREAM_ANSWERS - 1))
+            assert_equal_to_one_of(
+                streamed(client, body, headers),
+                itertools.chain([want_stream], more),
+                f"{placement} stream",
+            )
 
 
 def test_the_shapes_are_what_they_say(vllm_server: Server) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.harness.cluster import HEAD_GROUP, ClusterShape
+from bench.harness.cluster_shape import HEAD_GROUP, ClusterShape
 from bench.harness.kustomize import SHARED_HOST_DERENDER_CORES, on_shared_host, overlay
 from bench.multinode.report import second_half, slope_per_minute
 from deployments.config.graph_config import GraphConfig
