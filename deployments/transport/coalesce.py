@@ -151,20 +151,8 @@ def _kind(item: Any) -> type:
 
 def _joined(batch: list[Any]) -> list[Any]:
     """Runs of consecutive strings (or ``TextSteps``) joined into one; everything
-    else kept apart."""
-    out: list[Any] = []
-    run: list[Any] = []
-    for item in batch:
-        if run and _kind(item) is not _kind(run[0]):
-            out.append(_join(run))
-            run = []
-        if isinstance(item, (str, TextSteps)):
-            run.append(item)
-        else:
-            out.append(item)
-    if run:
-        out.append(_join(run))
-    return out
+    else kept apart: one stream's batch (``joined_by_stream``)."""
+    return [item for _, item in joined_by_stream([("", item) for item in batch])]
 
 
 def joined_by_stream(batch: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
