@@ -36,13 +36,20 @@ from bench.cells import run_cell, wait_engines_idle
 from bench.clients import CLIENTS, Client
 from bench.harness.host import host_line
 from bench.harness.servers import running_vllm_as_graph
+from bench.requests.study import FLOOR_APP, FLOOR_ENGINE_ENV, graph_server
 from bench.shapes import BenchRequest, make_requests
 from bench.stats import CellSummary, summarize
 from bench.topology import CONFIGS, Overrides, running_topology
 from deployments.config.graph_config import TINY_MODEL
+from deployments.config.serve_env import SERVE_ENV
 from deployments.config.topologies import app_config
 
 SERVERS = ("vllm", "I", "S")
+# The graph with none of its serving work (``bench/requests/floor_app.py``,
+# ``FLOOR_ENGINE``): Serve's least hops and vLLM's engine, inline and tier. Not run by
+# default; ``--servers vllm,floor-engine,floor-engine-tier`` asks whether the hops and
+# the engine alone sustain what the capacity target asks.
+FLOORS = {"floor-engine": "I", "floor-engine-tier": "S"}
 WARM_UP = 8
 
 
@@ -72,14 +79,19 @@ def server_for(name: str, work: Path) -> Iterator[str]:
     if name == "vllm":
         with vllm_server(work) as url:
             yield url
+    elif name in FLOORS:
+        env = {**SERVE_ENV, **FLOOR_ENGINE_ENV}
+        with graph_server(work, env, [], FLOOR_APP) as server:
+            yield server.base_url
     else:
         with running_topology(name, work / "serve", Overrides()) as url:
             yield url
 
 
 def _client(name: str) -> Client:
-    # vLLM's server ignores the placement header the I client sends.
-    return CLIENTS["I" if name == "vllm" else name]
+    # vLLM's server ignores the placement header the I client sends; a floor takes its
+    # placement's.
+    return CLIENTS["I" if name == "vllm" else FLOORS.get(name, name)]
 
 
 def _requests(args: argparse.Namespace, n: int, seed: int) -> list[BenchRequest]:
@@ -159,15 +171,32 @@ def highest(rungs: list[Rung], criterion: str) -> float:
     return best
 
 
+def _floor_note(results: dict[str, list[Rung]]) -> list[str]:
+    floors = [name for name in results if name in FLOORS]
+    if not floors:
+        return []
+    return [
+        f"{' and '.join(floors)}: the graph with none of its serving work, "
+        "`serve run bench.requests.floor_app:app` with `make run`'s switches and "
+        f"{' '.join(f'{k}={v}' for k, v in FLOOR_ENGINE_ENV.items())} (inline, and tier "
+        "through its Derender): Serve's least hops and vLLM's engine as a Generate replica "
+        "runs it; nothing renders, detokenizes or parses, and a stream crosses each hop "
+        "in two items (its first token, then the rest). What it sustains bounds what "
+        "the graph can.",
+        "",
+    ]
+
+
 def report(args: argparse.Namespace, results: dict[str, list[Rung]]) -> str:
     def ms(value: float | None) -> str:
         return "–" if value is None else f"{value:.0f}"
 
     lines = [
-        "# Highest sustained rate: vLLM's server, I and S",
+        f"# Highest sustained rate: {', '.join(results)}",
         "",
         f"`{' '.join(['python -m bench.capacity', *sys.argv[1:]])}`",
         "",
+        *_floor_note(results),
         f"Host: {host_line()}. Shape {args.shape}, length "
         f"scale {args.length_scale:g}, {args.duration:g} s of Poisson arrivals per rate "
         f"(seed {args.seed}), drain budget {args.drain:g} s. *Idle*: "

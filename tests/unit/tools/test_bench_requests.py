@@ -14,6 +14,7 @@ from typing import Any, cast
 import pytest
 
 from bench.harness.servers import GRAPH_ENGINE_THREADS
+from bench.metrics import engine_busy
 from bench.requests import floor_app, study
 from bench.requests.processes import (
     DASHBOARD,
@@ -182,6 +183,47 @@ def test_the_floors_generate_streams_one_answer_in_either_shape(
     )
     if joined:
         assert items[0].count("data: ") == 2 and '"role": "assistant"' in items[0]
+
+
+def test_the_floor_shows_the_streams_its_generate_holds_in_the_graphs_gauge(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The benches wait for an idle engine between cells (``wait_engines_idle``): the
+    floor's ``/metrics`` gives the streams its Generate holds, begun and not ended
+    (one its client left too), in the gauge the benches read from the graph."""
+    monkeypatch.setattr(floor_app, "JOINED", True)
+    monkeypatch.setattr(floor_app, "STEP_S", 0.0)
+    floor_generate = cast(Any, floor_app.FloorGenerate).func_or_class
+    floor_ingress = cast(Any, floor_app.FloorIngress).func_or_class
+    rendered = {"token_ids": [1, 2, 3], "max_tokens": 8}
+
+    async def held() -> tuple[list[float], ...]:
+        generate = floor_generate.__new__(floor_generate)
+        await generate.__init__()
+
+        async def unfinished() -> int:
+            return int(generate.unfinished())
+
+        handle = SimpleNamespace(
+            unfinished=SimpleNamespace(remote=unfinished), options=lambda **_: None
+        )
+        ingress = floor_ingress.__new__(floor_ingress)
+        await ingress.__init__(None, handle, handle)  # Serve's ASGI wrapper's, async
+
+        async def gauge() -> list[float]:
+            response = await ingress.metrics()
+            return engine_busy(bytes(response.body).decode())
+
+        left, whole = generate.text(rendered), generate.text(rendered)
+        await anext(left)
+        await anext(whole)
+        both = await gauge()
+        await left.aclose()  # the client went away mid-stream
+        one = await gauge()
+        rest = [item async for item in whole]
+        return both, one, await gauge(), [float(len(rest))]
+
+    assert asyncio.run(held()) == ([2.0], [1.0], [0.0], [1.0])
 
 
 def test_the_engine_floor_sends_its_first_item_with_the_engines_first_token() -> None:
