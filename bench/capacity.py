@@ -36,12 +36,11 @@ from bench.cells import run_cell, wait_engines_idle
 from bench.clients import CLIENTS, Client
 from bench.harness.host import host_line
 from bench.harness.servers import running_vllm_as_graph
-from bench.requests.study import FLOOR_APP, FLOOR_ENGINE_ENV, graph_server
+from bench.requests.study import FLOOR_ENGINE_ENV, floor_command, floor_server
 from bench.shapes import BenchRequest, make_requests
 from bench.stats import CellSummary, summarize
 from bench.topology import CONFIGS, Overrides, running_topology
 from deployments.config.graph_config import TINY_MODEL
-from deployments.config.serve_env import SERVE_ENV
 from deployments.config.topologies import app_config
 
 SERVERS = ("vllm", "I", "S")
@@ -49,7 +48,7 @@ SERVERS = ("vllm", "I", "S")
 # ``FLOOR_ENGINE``): Serve's least hops and vLLM's engine, inline and tier. Not run by
 # default; ``--servers vllm,floor-engine,floor-engine-tier`` asks whether the hops and
 # the engine alone sustain what the capacity target asks.
-FLOORS = {"floor-engine": "I", "floor-engine-tier": "S"}
+FLOOR_CLIENTS = {"floor-engine": "I", "floor-engine-tier": "S"}
 WARM_UP = 8
 
 
@@ -79,9 +78,8 @@ def server_for(name: str, work: Path) -> Iterator[str]:
     if name == "vllm":
         with vllm_server(work) as url:
             yield url
-    elif name in FLOORS:
-        env = {**SERVE_ENV, **FLOOR_ENGINE_ENV}
-        with graph_server(work, env, [], FLOOR_APP) as server:
+    elif name in FLOOR_CLIENTS:
+        with floor_server(work, FLOOR_ENGINE_ENV) as server:
             yield server.base_url
     else:
         with running_topology(name, work / "serve", Overrides()) as url:
@@ -91,7 +89,7 @@ def server_for(name: str, work: Path) -> Iterator[str]:
 def _client(name: str) -> Client:
     # vLLM's server ignores the placement header the I client sends; a floor takes its
     # placement's.
-    return CLIENTS["I" if name == "vllm" else FLOORS.get(name, name)]
+    return CLIENTS["I" if name == "vllm" else FLOOR_CLIENTS.get(name, name)]
 
 
 def _requests(args: argparse.Namespace, n: int, seed: int) -> list[BenchRequest]:
@@ -172,13 +170,12 @@ def highest(rungs: list[Rung], criterion: str) -> float:
 
 
 def _floor_note(results: dict[str, list[Rung]]) -> list[str]:
-    floors = [name for name in results if name in FLOORS]
+    floors = [name for name in results if name in FLOOR_CLIENTS]
     if not floors:
         return []
     return [
         f"{' and '.join(floors)}: the graph with none of its serving work, "
-        "`serve run bench.requests.floor_app:app` with `make run`'s switches and "
-        f"{' '.join(f'{k}={v}' for k, v in FLOOR_ENGINE_ENV.items())} (inline, and tier "
+        f"{floor_command(FLOOR_ENGINE_ENV)} (inline, and tier "
         "through its Derender): Serve's least hops and vLLM's engine as a Generate replica "
         "runs it; nothing renders, detokenizes or parses, and a stream crosses each hop "
         "in two items (its first token, then the rest). What it sustains bounds what "

@@ -74,6 +74,8 @@ FLOOR_APP = "bench.requests.floor_app:app"
 FLOOR_MIN_ENV = {"FLOOR_ITEMS": "joined", "FLOOR_STEP_MS": "1.25"}
 # ... and with vLLM's engine behind its Generate, pacing the stream with real steps.
 FLOOR_ENGINE_ENV = {**FLOOR_MIN_ENV, "FLOOR_ENGINE": "vllm"}
+# Each floor by its --servers name, with its switches.
+FLOORS = {"floor": {}, "floor-min": FLOOR_MIN_ENV, "floor-engine": FLOOR_ENGINE_ENV}
 MAX_MODEL_LEN = 32768  # the embedded model's, the graph's default
 
 
@@ -230,6 +232,20 @@ def graph_server(
         yield server
 
 
+def floor_command(floor_env: dict[str, str]) -> str:
+    """How a floor with these switches is started, as the reports name it."""
+    command = f"serve run {FLOOR_APP}, make run's switches exported"
+    named = " ".join(f"{k}={v}" for k, v in floor_env.items())
+    return f"{command}, with {named}" if named else command
+
+
+@contextlib.contextmanager
+def floor_server(work: Path, floor_env: dict[str, str]) -> Iterator[Server]:
+    """``serve run`` of the floor app with ``make run``'s switches and ``floor_env``."""
+    with graph_server(work, {**SERVE_ENV, **floor_env}, [], FLOOR_APP) as server:
+        yield server
+
+
 GraphVariant = tuple[str, dict[str, str], list[str], dict[str, str]]
 
 
@@ -315,22 +331,10 @@ def main() -> None:
             for label, env, unset, graph_args in graph_variants(traced.variants)
             if label in chosen
         ]
-        floor_command = f"serve run {FLOOR_APP}, make run's switches exported"
-        if "floor" in chosen:
-            graphs.append(("floor", dict(SERVE_ENV), [], {}, FLOOR_APP, floor_command))
-        for label, floor_env in (("floor-min", FLOOR_MIN_ENV), ("floor-engine", FLOOR_ENGINE_ENV)):
+        for label, floor_env in FLOORS.items():
             if label in chosen:
-                named = " ".join(f"{k}={v}" for k, v in floor_env.items())
-                graphs.append(
-                    (
-                        label,
-                        {**SERVE_ENV, **floor_env},
-                        [],
-                        {},
-                        FLOOR_APP,
-                        f"{floor_command}, with {named}",
-                    )
-                )
+                env = {**SERVE_ENV, **floor_env}
+                graphs.append((label, env, [], {}, FLOOR_APP, floor_command(floor_env)))
         for turn, (label, env, unset, graph_args, target, command) in enumerate(graphs):
             run = ServerRun(label, command)
             graph_dir = work / label
