@@ -77,7 +77,11 @@ from deployments.transport.leaving import LeaveWatch
 from deployments.transport.migration import migrating
 from deployments.transport.replica_assignment import wait_routed
 from deployments.transport.replica_loss import ReplicaLeavingError
-from deployments.transport.serve_internals import on_this_process_data_plane, serve_request_id
+from deployments.transport.serve_internals import (
+    drop_access_log_lines,
+    on_this_process_data_plane,
+    serve_request_id,
+)
 from deployments.transport.step_channel import ChannelSource, Outboxes, StepChannels
 from deployments.vllm_adapter.internals import client_request_id
 
@@ -95,6 +99,8 @@ class Derender(ChannelSource):
         generate, control = (on_this_process_data_plane(h) for h in (generate, control))
         configure_metrics(config.observability.metrics)
         configure_tracing(config.observability.otlp_traces_endpoint, "Derender")
+        if config.observability.access_log != "all":  # the Ingress's line per request only
+            drop_access_log_lines()
         self._config = config
         self._coalesce_s = config.stream_coalesce_ms / 1000
         self._load = CpuLoad()

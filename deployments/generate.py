@@ -58,7 +58,11 @@ from deployments.text.inline_text import InlineText, inline_call_movable
 from deployments.text.output import TextOutput
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from deployments.transport.leaving import LeaveWatch
-from deployments.transport.serve_internals import on_this_process_data_plane, serve_request_id
+from deployments.transport.serve_internals import (
+    drop_access_log_lines,
+    on_this_process_data_plane,
+    serve_request_id,
+)
 from deployments.transport.step_channel import ChannelSource, Outboxes
 from deployments.vllm_adapter.engine_args import serve_namespace
 from deployments.vllm_adapter.engine_calls import EngineCalls
@@ -92,6 +96,8 @@ class Generate(ChannelSource):
 
         configure_metrics(config.observability.metrics)
         tracing.configure_tracing(config.observability.otlp_traces_endpoint, "Generate")
+        if config.observability.access_log != "all":  # the Ingress's line per request only
+            drop_access_log_lines()
         allow_deep_values()  # requests nested as deep as the edge lets through
         self._config = config
         self._coalesce_s = config.stream_coalesce_ms / 1000

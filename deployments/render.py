@@ -43,6 +43,7 @@ from deployments.messages.tier import ParseContext, TextJob
 from deployments.observability.metrics import configure_metrics
 from deployments.observability.tracing import configure_tracing, request_carrier
 from deployments.scaling.cpu_load import CpuLoad
+from deployments.transport.serve_internals import drop_access_log_lines
 from deployments.vllm_adapter.anthropic import MessagesConversion, count_tokens_response
 from deployments.vllm_adapter.engine_args import serve_namespace
 from deployments.vllm_adapter.internals import APP_STATE_NAMES, checked_app_state
@@ -88,6 +89,8 @@ class Render:
     async def __init__(self, config: GraphConfig) -> None:  # type: ignore[misc]
         configure_metrics(config.observability.metrics)
         configure_tracing(config.observability.otlp_traces_endpoint, "Render")
+        if config.observability.access_log != "all":  # the Ingress's line per request only
+            drop_access_log_lines()
         self._config = config
         self._parsers = {
             "reasoning_parser": config.reasoning_parser is not None,

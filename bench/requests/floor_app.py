@@ -10,9 +10,9 @@ Generate and passes the chunks on. The answer has the shape the request bench re
 (chat chunks, a usage chunk, ``[DONE]``).
 
 Every call and every streamed item crosses Serve as in the graph (the same switches,
-DeploymentHandles, one replica per deployment), but each replica does nothing else, so
-the CPU this app takes per request is what Serve's edge, handles and Ray take for a
-request of the graph's shape. No model, no engine; a request's answer is made up.
+DeploymentHandles, one replica per deployment, Serve's access log at the Ingress only),
+but each replica does nothing else, so the CPU this app takes per request is what
+Serve's edge, handles and Ray take for a request of the graph's shape. No model, no engine; a request's answer is made up.
 
 By default Generate yields an item per chunk, 5 ms apart: more than the graph's hops take.
 Two switches, read from the environment when a replica imports this module, make it the
@@ -54,6 +54,9 @@ STEP_S = float(os.environ.get("FLOOR_STEP_MS", "5")) / 1000
 """A decode step of the embedded model on this host, about (its TPOT p50 idle)."""
 JOINED = os.environ.get("FLOOR_ITEMS") == "joined"
 ENGINE = os.environ.get("FLOOR_ENGINE") == "vllm"
+# As in the graph by default (observability.access_log): Serve's access line per HTTP
+# request at the Ingress, none for the calls between tiers.
+BEHIND_THE_INGRESS = {"enable_access_log": False}
 
 api = FastAPI()
 
@@ -70,7 +73,12 @@ def _chunk(request_id: str, created: int, delta: dict[str, Any], **extra: Any) -
     return f"data: {json.dumps(chunk)}\n\n"
 
 
-@serve.deployment(name="Render", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
+@serve.deployment(
+    name="Render",
+    ray_actor_options={"num_cpus": 0},
+    max_ongoing_requests=1000,
+    logging_config=BEHIND_THE_INGRESS,
+)
 class FloorRender:
     async def render(self, body: dict[str, Any]) -> dict[str, Any]:
         prompt = json.dumps(body["messages"])
@@ -89,7 +97,10 @@ def _generate_actor_options() -> dict[str, Any]:
 
 
 @serve.deployment(
-    name="Generate", ray_actor_options=_generate_actor_options(), max_ongoing_requests=1000
+    name="Generate",
+    ray_actor_options=_generate_actor_options(),
+    max_ongoing_requests=1000,
+    logging_config=BEHIND_THE_INGRESS,
 )
 class FloorGenerate:
     async def __init__(self) -> None:  # type: ignore[misc]
@@ -179,7 +190,12 @@ def _answer(rendered: dict[str, Any]) -> list[str]:
     return chunks
 
 
-@serve.deployment(name="Derender", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
+@serve.deployment(
+    name="Derender",
+    ray_actor_options={"num_cpus": 0},
+    max_ongoing_requests=1000,
+    logging_config=BEHIND_THE_INGRESS,
+)
 class FloorDerender:
     def __init__(self, generate: DeploymentHandle) -> None:
         self._generate = generate.options(stream=True)

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
 class ObservabilityConfig(BaseModel):
-    """The graph's own metrics, beside each engine's vLLM metrics (always on), and its
-    traces."""
+    """The graph's own metrics, beside each engine's vLLM metrics (always on), its
+    traces, and Serve's access log lines."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -25,4 +27,12 @@ class ObservabilityConfig(BaseModel):
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf), the engines' own spans "
         "included: one trace per request across the tiers. None (the default): no "
         "span is made.",
+    )
+    access_log: Literal["ingress", "all"] = Field(
+        "ingress",
+        description="Serve's access log lines. 'ingress' (the default): one per HTTP "
+        "request, written by the Ingress, as vLLM's server logs each request. 'all': also "
+        "one per call into Render, Generate and Derender, each naming the request's id, "
+        "so that a request can be followed through every tier's log; on a 2-core host "
+        "they cost about 1 CPU ms per short chat (docs/benchmarks.md).",
     )

@@ -134,6 +134,22 @@ def replica_log_buffers() -> list[logging.handlers.MemoryHandler]:
     return [h for h in handlers if isinstance(h, logging.handlers.MemoryHandler)]
 
 
+def drop_access_log_lines() -> None:
+    """Serve's access log line for each call into this replica is dropped as it is
+    made, before any handler formats or writes it: Serve's own filter for an
+    ``enable_access_log: false`` deployment (``logging_utils.log_access_log_filter``,
+    which reads the ``serve_access_log`` mark Serve puts on those records), set on
+    the logger rather than on each handler, so it holds when Serve rebuilds its
+    handlers and whatever ``logging_config`` the application sets."""
+    try:
+        from ray.serve._private.logging_utils import log_access_log_filter
+    except ImportError as exc:
+        raise ServeInternalsChanged(f"logging_utils.log_access_log_filter: {exc}") from exc
+    logger = logging.getLogger(serve_logger_name())
+    if log_access_log_filter not in logger.filters:
+        logger.addFilter(log_access_log_filter)
+
+
 @dataclass(frozen=True)
 class RouterView:
     """What a handle's router knows of its deployment's replicas right now."""

@@ -83,9 +83,14 @@ def graph(
             "/",
             {
                 **GRAPH_ARGS,
-                # Every request of the session traced (test_tracing reads them); the
-                # tokens-only application runs untraced, as the default graph does.
-                "observability": {"otlp_traces_endpoint": trace_collector.endpoint},
+                # Every request of the session traced, and Serve's access line of each
+                # call in every tier (test_tracing reads both); the tokens-only
+                # application runs untraced, with the Ingress's lines only, as the
+                # default graph does.
+                "observability": {
+                    "otlp_traces_endpoint": trace_collector.endpoint,
+                    "access_log": "all",
+                },
                 # A stream that moves while no Generate replica runs waits for the next
                 # (test_generate_loss).
                 "generate": {"num_replicas": 2, "num_cpus": 0.3, "migration_wait_s": 120},

@@ -54,6 +54,13 @@ def test_replica_log_buffers_are_serves_buffered_file_handlers(seen: dict[str, A
     ), seen["log_buffer_targets"]
 
 
+def test_drop_access_log_lines_silences_the_replicas_access_lines(seen: dict[str, Any]) -> None:
+    # logging_utils.log_access_log_filter, and the serve_access_log mark it reads on the
+    # access records Serve makes: each of three calls before wrote its line, none after.
+    assert seen["access_lines"]["before"] >= 2, "Serve's access records: serve_access_log"
+    assert seen["access_lines"]["after"] == 0, "drop_access_log_lines"
+
+
 def test_grpc_cap_and_proxy_ids_inside_a_replica(seen: dict[str, Any]) -> None:
     assert seen["grpc_cap"] == int(SERVE_ENV["RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH"])
     assert len(seen["proxy_request_id"]) == 36, "proxy_request_id: utils.generate_request_id"

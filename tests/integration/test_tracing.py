@@ -3,9 +3,11 @@ request id across the tiers' log lines.
 
 The default application sends every span to the collector in this process
 (``conftest.trace_collector``), vLLM's engine spans included: the engines run with
-``--otlp-traces-endpoint`` and each request's ``generate`` context. Ray Serve's
-access log line in each replica a request reaches carries its request id (the
-client's ``X-Request-Id``); each of our spans carries the same id.
+``--otlp-traces-endpoint`` and each request's ``generate`` context. With
+``observability.access_log: all`` (the default application's), Ray Serve's access log
+line in each replica a request reaches carries its request id (the client's
+``X-Request-Id``); each of our spans carries the same id. By default (the tokens-only
+application) only the Ingress writes one.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pytest
 
 from bench.harness.otlp_collector import Collector, Span
 from bench.harness.servers import Server
-from tests.integration.conftest import MODEL
+from tests.integration.conftest import AUTH, MODEL, TOKENS_ONLY_PREFIX
 from tests.integration.test_parity_vllm import SHAPES
 
 CHAT = {**SHAPES["chat"], "max_tokens": 6}
@@ -181,6 +183,13 @@ def log_lines(graph: Server, request_id: str, wanted: int, timeout_s: float = 30
         time.sleep(0.5)
 
 
+def tiers_logging(graph: Server, app: str, request_id: str, wanted: int) -> set[str]:
+    """The deployments of ``app`` whose access log lines name ``request_id``."""
+    found = re.compile(re.escape(app) + r"_(\w+) \w+ " + re.escape(request_id))
+    lines = log_lines(graph, request_id, wanted)
+    return {m.group(1) for line in lines if (m := found.search(line))}
+
+
 def test_one_request_id_ties_every_tiers_log_lines_and_spans(
     graph: Server, client: httpx.Client, collector: Collector
 ) -> None:
@@ -190,11 +199,8 @@ def test_one_request_id_ties_every_tiers_log_lines_and_spans(
     response = client.post("/v1/chat/completions", json=CHAT, headers=headers)
     assert response.status_code == 200, response.text
     # Serve's access log line of the request in each tier it crossed.
-    lines = log_lines(graph, request_id, wanted=4)
-    tiers = {
-        m.group(1) for line in lines if (m := re.search(r"default_(\w+) \w+ " + request_id, line))
-    }
-    assert tiers == {"Ingress", "Render", "Derender", "Generate"}, lines
+    tiers = tiers_logging(graph, "default", request_id, wanted=4)
+    assert tiers == {"Ingress", "Render", "Derender", "Generate"}
     # The trace names it in every span the graph made (vLLM's engine span aside).
     spans = collector.wait_for(trace_id, has(INGRESS_CHAT, "render", "derender", "generate"))
     ours = [s for s in spans if s.name != "llm_request"]
@@ -202,3 +208,18 @@ def test_one_request_id_ties_every_tiers_log_lines_and_spans(
     # vLLM's own id for the request, named by the same header (as vLLM names it).
     for tier in ("derender", "generate"):
         assert request_id in named(spans, tier).attributes["scaleout.request_id"], tier
+
+
+def test_by_default_only_the_ingress_logs_a_request(graph: Server, client: httpx.Client) -> None:
+    # The tokens-only application runs with observability.access_log's default: a chat
+    # crosses its Ingress, Render, Derender and Generate, and only the first writes.
+    request_id = uuid.uuid4().hex
+    headers = {**AUTH, "X-Request-Id": request_id}
+    response = client.post(f"{TOKENS_ONLY_PREFIX}/v1/chat/completions", json=CHAT, headers=headers)
+    assert response.status_code == 200, response.text
+    assert tiers_logging(graph, "tokens-only", request_id, wanted=1) == {"Ingress"}
+    # A tier's line, were it written, would reach serve run's output as the Ingress's
+    # did, through Ray's log monitor, which reads every log file at least twice a
+    # second: three seconds on, still the Ingress's alone.
+    time.sleep(3)
+    assert tiers_logging(graph, "tokens-only", request_id, wanted=1) == {"Ingress"}

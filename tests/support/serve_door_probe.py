@@ -7,7 +7,8 @@ switches, no HTTP proxy: ``Probe`` holds a handle to ``Target`` and, from
 inside its replica as the graph's tiers do, moves a handle made by reference
 onto its own data plane, reads the router state, a call's
 assignment future, its own actor's liveness ping and Serve's replica log
-handlers; a ``Leaver`` replica reads its draining flag while Serve stops it.
+handlers; a ``Leaver`` replica reads its draining flag while Serve stops it, and a
+``Quiet`` one counts its calls' access log lines before and after it drops them.
 One JSON line on stdout.
 """
 
@@ -56,6 +57,35 @@ class Leaver:
                 yield True
                 return
             await asyncio.sleep(0.1)
+
+
+@serve.deployment(name="Quiet", ray_actor_options={"num_cpus": 0})
+class Quiet:
+    """Counts Serve's access log records of its calls that reach its logger's handlers,
+    before and after ``drop_access_log_lines``."""
+
+    def __init__(self) -> None:
+        self._lines = 0
+
+    def watch(self) -> None:
+        """Not in ``__init__``: Serve sets its logger's handlers up again after it. First
+        of them: Serve's own take the ``serve_access_log`` mark off each record."""
+        handler = logging.Handler()
+        handler.emit = self._saw  # type: ignore[method-assign]
+        logging.getLogger(door.serve_logger_name()).handlers.insert(0, handler)
+
+    def _saw(self, record: logging.LogRecord) -> None:
+        if getattr(record, "serve_access_log", False):
+            self._lines += 1
+
+    def ping(self) -> None:
+        return None
+
+    def drop(self) -> None:
+        door.drop_access_log_lines()
+
+    def lines(self) -> int:
+        return self._lines
 
 
 @serve.deployment(name="Probe", ray_actor_options={"num_cpus": 0})
@@ -110,7 +140,23 @@ async def probe() -> dict[str, Any]:
     seen: dict[str, Any] = await handle.check.remote(made_by_reference)
     seen["proxy_request_id"] = door.proxy_request_id()
     seen["draining"] = await _draining_seen()
+    seen["access_lines"] = await _access_lines_seen()
     return seen
+
+
+async def _access_lines_seen() -> dict[str, int]:
+    """Serve's access lines a replica's handlers got for three calls before
+    ``drop_access_log_lines`` and for three after."""
+    quiet = serve.run(Quiet.bind(), name="quiet", route_prefix=None)
+    await quiet.watch.remote()
+    for _ in range(3):
+        await quiet.ping.remote()
+    before = await quiet.lines.remote()
+    await quiet.drop.remote()
+    dropped = await quiet.lines.remote()
+    for _ in range(3):
+        await quiet.ping.remote()
+    return {"before": before, "after": await quiet.lines.remote() - dropped}
 
 
 async def _draining_seen() -> list[bool]:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 
-from deployments.transport.serve_internals import proxy_request_id, replica_grpc_max_message_bytes
+from deployments.transport.serve_internals import (
+    drop_access_log_lines,
+    proxy_request_id,
+    replica_grpc_max_message_bytes,
+    serve_logger_name,
+)
 
 
 def test_grpc_cap_is_read_from_serves_switch() -> None:
@@ -47,3 +53,23 @@ def test_serve_request_id_is_empty_outside_a_request() -> None:
     from deployments.transport.serve_internals import serve_request_id
 
     assert serve_request_id() == ""
+
+
+def test_dropped_access_lines_leave_serves_other_records() -> None:
+    """Serve marks its access records in ``extra`` (``serve_access_log``); a replica that
+    drops them keeps every other record of Serve's logger."""
+    logger = logging.getLogger(serve_logger_name())
+    filters = list(logger.filters)
+
+    def record(**extra: object) -> logging.LogRecord:
+        return logger.makeRecord(logger.name, logging.INFO, __file__, 1, "m", (), None, extra=extra)
+
+    try:
+        assert logger.filter(record(serve_access_log=True))
+        drop_access_log_lines()
+        drop_access_log_lines()  # once is enough: a second call adds nothing
+        assert len(logger.filters) == len(filters) + 1
+        assert not logger.filter(record(serve_access_log=True))
+        assert logger.filter(record()) and logger.filter(record(serve_access_log=False))
+    finally:
+        logger.filters[:] = filters
