@@ -33,6 +33,6 @@ class ObservabilityConfig(BaseModel):
         description="Serve's access log lines. 'ingress' (the default): one per HTTP "
         "request, written by the Ingress, as vLLM's server logs each request. 'all': also "
         "one per call into Render, Generate and Derender, each naming the request's id, "
-        "so that a request can be followed through every tier's log; on a 2-core host "
-        "they cost about 1 CPU ms per short chat (docs/benchmarks.md).",
+        "so that a request can be followed through every tier's log, at two to three "
+        "more lines per request for Ray's log monitor to forward (docs/benchmarks.md).",
     )
