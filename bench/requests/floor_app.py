@@ -12,7 +12,8 @@ Generate and passes the chunks on. The answer has the shape the request bench re
 Every call and every streamed item crosses Serve as in the graph (the same switches,
 DeploymentHandles, one replica per deployment, Serve's access log at the Ingress only),
 but each replica does nothing else, so the CPU this app takes per request is what
-Serve's edge, handles and Ray take for a request of the graph's shape. No model, no engine; a request's answer is made up.
+Serve's edge, handles and Ray take for a request of the graph's shape. No model, no
+engine; a request's answer is made up.
 
 By default Generate yields an item per chunk, 5 ms apart: more than the graph's hops take.
 Two switches, read from the environment when a replica imports this module, make it the
