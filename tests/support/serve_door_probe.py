@@ -68,8 +68,9 @@ class Quiet:
         self._lines = 0
 
     def watch(self) -> None:
-        """Not in ``__init__``: Serve sets its logger's handlers up again after it. First
-        of them: Serve's own take the ``serve_access_log`` mark off each record."""
+        """Count from now on, in a handler ahead of Serve's own: they take the
+        ``serve_access_log`` mark off each record they handle
+        (``ServeLogAttributeRemovalFilter``), so a handler after them sees none."""
         handler = logging.Handler()
         handler.emit = self._saw  # type: ignore[method-assign]
         logging.getLogger(door.serve_logger_name()).handlers.insert(0, handler)
