@@ -12,7 +12,7 @@ side by side in one ``serve run``, each as its own application under
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ class Overrides:
     profile: str = "local"
     """``local`` (configs/<topology>.yaml) or ``gpu`` (configs/gpu.yaml + switches)."""
     kv_cache_gib: float | None = None
-    args: dict[str, str] = field(default_factory=dict)
+    args: Mapping[str, str | None] = field(default_factory=dict)
     """Graph args over the config's, dotted keys nesting (``generate.num_cpus``)."""
 
 

@@ -67,7 +67,7 @@ from deployments.transport.step_channel import ChannelSource, Outboxes
 from deployments.vllm_adapter.engine_args import serve_namespace
 from deployments.vllm_adapter.engine_calls import EngineCalls
 from deployments.vllm_adapter.engine_metrics import local_vllm_metrics
-from deployments.vllm_adapter.engine_start import replica_cores, start_vllm_engine
+from deployments.vllm_adapter.engine_start import replica_cores, start_vllm_engine, started_on
 from deployments.vllm_adapter.engine_streams import abort_held, record_streams
 from deployments.vllm_adapter.internals import ENGINE_APP_STATE_NAMES, checked_app_state
 from deployments.vllm_adapter.serve_logging import serve_log_kept
@@ -103,6 +103,7 @@ class Generate(ChannelSource):
         self._coalesce_s = config.stream_coalesce_ms / 1000
         context = serve.get_replica_context()
         self._replica = context.replica_id.unique_id
+        cores = None
         if config.generate.cpu_cores is not None:  # CPU engines only (GraphConfig checks)
             # Read by the engine core process, which this replica is about to spawn.
             cores = replica_cores(
@@ -120,7 +121,7 @@ class Generate(ChannelSource):
             kv_events=None if endpoint is None else kv_events_config(endpoint),
         )
         remember_worker_start()  # the engine's worker is forked (worker_fork.py)
-        with serve_log_kept():
+        with serve_log_kept(), started_on(cores):
             self._engine = await engine_factory(args)
         # Each call's cleanup ends only the engine requests it opened (engine_streams.py).
         record_streams(self._engine)

@@ -131,11 +131,14 @@ def breakdowns(sent: Sequence[Sent], collector: Collector) -> list[Breakdown]:
     return list(groups.values())
 
 
-async def _block(server: Server, label: str, mode: str, load: ShortChats, n: int) -> list[Sent]:
+async def _block(
+    server: Server, label: str, mode: str, load: ShortChats, n: int, gap_s: float = 0.0
+) -> list[Sent]:
     headers = {} if mode == "vllm" else {"X-Text-Placement": mode}
     sent = []
     async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as client:
         for i in range(n):
+            await asyncio.sleep(gap_s)
             trace_id = secrets.token_hex(16)
             traceparent = f"00-{trace_id}-{secrets.token_hex(8)}-01"
             sent_ns, first_ns = time.time_ns(), 0
@@ -169,8 +172,15 @@ def _quartiles(values: list[float]) -> str:
     return f"{q2:.1f} ({q1:.1f}–{q3:.1f})"
 
 
+def _gap(gap_s: float) -> str:
+    if not gap_s:
+        return "each sent as the one before ended, "
+    return f"each sent {gap_s * 1000:g} ms after the one before ended (the server idle), "
+
+
 def report(args: argparse.Namespace, groups: Sequence[Breakdown]) -> str:
     argv = f"python -m bench.requests.ttft --requests {args.requests} --rounds {args.rounds}"
+    argv += f" --gap-s {args.gap_s:g}" if args.gap_s else ""
     argv += "".join(f" --graph-arg {arg}" for arg in args.graph_arg)
     columns = [f"{g.server} {g.mode}" if g.server != g.mode else g.server for g in groups]
     names = [n for n in STAGE_ORDER if any(n in g.stages for g in groups)]
@@ -180,7 +190,8 @@ def report(args: argparse.Namespace, groups: Sequence[Breakdown]) -> str:
         f"Written by `{argv}` at commit {commit_id()}.",
         "",
         f"Host: {host_line()}. One streamed chat at a time (8 tokens, temperature 0, the "
-        f"load of `bench.requests`), {args.rounds} rounds of {args.requests} per server "
+        f"load of `bench.requests`), {_gap(args.gap_s)}{args.rounds} rounds of "
+        f"{args.requests} per server "
         "and placement, the servers side by side, their blocks alternating and the one "
         "not measured stopped. Each request's own trace (vLLM's `llm_request` span on "
         "both, the graph's tier spans) and the client's clock split its TTFT; ms, "
@@ -203,6 +214,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=20, help="per block")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--gap-s", type=float, default=0.0, help="idle time before each request of a block"
+    )
     parser.add_argument(
         "--graph-arg",
         action="append",
@@ -240,7 +254,9 @@ def main() -> None:
         for round_ in range(args.rounds):
             for label, mode, server, other in sides if round_ % 2 == 0 else sides[::-1]:
                 with frozen(other):
-                    sent += asyncio.run(_block(server, label, mode, load, args.requests))
+                    sent += asyncio.run(
+                        _block(server, label, mode, load, args.requests, args.gap_s)
+                    )
         _wait_for_spans(collector, sent)
         groups = breakdowns(sent, collector)
     text = report(args, groups)

@@ -204,7 +204,9 @@ def graph_apps(
             "derender.num_cpus": 0.05,
             "generate.num_cpus": 0.2,
             "generate.num_replicas": replicas,
-            **({"generate.cpu_cores": cpu_cores} if cpu_cores else {}),
+            # Unbound unless asked (I.yaml binds its one engine): engines of
+            # several apps, each its own deployment's rank 0, would share one core.
+            "generate.cpu_cores": cpu_cores,
             **({"model": model} if model else {}),
             **variant,
         }

@@ -209,8 +209,9 @@ class GenerateOptions(DeploymentOptions):
     cpu_cores: int | None = Field(
         None,
         ge=1,
-        description="CPU engines: bind each replica's engine threads to this many cores of its "
-        "node, its own by the replica's rank on the node (as a GPU per replica). Unset: "
+        description="CPU engines: bind each replica's engine to this many cores of its node, "
+        "its own by the replica's rank on the node (as a GPU per replica): its worker's "
+        "threads (VLLM_CPU_OMP_THREADS_BIND, one per core) and its EngineCore process. Unset: "
         "unbound (VLLM_CPU_OMP_THREADS_BIND, default nobind), as many threads as Ray gives "
         "the replica in OMP_NUM_THREADS (its num_cpus, at least 1).",
     )

@@ -4,6 +4,9 @@ starts one, and the cores a CPU engine binds to."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -33,3 +36,34 @@ def replica_cores(allowed: list[int], cores: int, local_rank: int) -> list[int]:
     cores = min(cores, len(ordered))
     start = (local_rank * cores) % len(ordered)
     return [ordered[(start + i) % len(ordered)] for i in range(cores)]
+
+
+@contextlib.contextmanager
+def started_on(cores: list[int] | None) -> Iterator[None]:
+    """The engine processes started inside run on ``cores`` only (None: where the
+    replica runs).
+
+    ``VLLM_CPU_OMP_THREADS_BIND`` binds the worker's threads, not the EngineCore
+    process, which then runs on any core; and both wait for each other in vLLM's
+    spin loop (``shm_broadcast.SpinCondition``: ``sched_yield`` for a second after
+    each read), so after every request the two keep both cores of a 2-core host
+    busy for a second, and a request arriving then waited behind them at each hop
+    (docs/benchmarks.md, "The engine's spin-wait and the hops").
+
+    A process starts with its parent thread's affinity, and vLLM starts the
+    EngineCore from this thread (the worker from the EngineCore), so this thread
+    takes ``cores`` while the engine starts. After, every thread of the replica
+    gets the replica's cores back, those the engine client started meanwhile
+    (zmq's) too.
+    """
+    if cores is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        for thread in os.listdir("/proc/self/task"):
+            with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(thread), before)

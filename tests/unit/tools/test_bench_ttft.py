@@ -63,7 +63,8 @@ def test_a_tier_request_shows_its_derender_hop_and_a_missing_span_is_no_split() 
 def test_the_report_lists_each_servers_stages_in_order_with_their_counts() -> None:
     vllm = Breakdown("vllm", "vllm", {ENGINE_TTFT: [9.0] * 4, BACK: [2.0] * 4}, [15.0] * 4)
     graph = Breakdown("graph", "inline", {"render (Render replica)": [2.5] * 3}, [25.0] * 3, 1)
-    text = report(argparse.Namespace(requests=4, rounds=1, graph_arg=[]), [vllm, graph])
+    args = argparse.Namespace(requests=4, rounds=1, gap_s=0.0, graph_arg=[])
+    text = report(args, [vllm, graph])
     assert "| stage | vllm | graph inline |" in text
     rows = [line for line in text.splitlines() if line.startswith("| ")]
     assert [r.split(" | ")[0] for r in rows[1:4]] == [
@@ -73,3 +74,16 @@ def test_the_report_lists_each_servers_stages_in_order_with_their_counts() -> No
     ]
     assert "| render (Render replica) | – | 2.5 |" in text
     assert "| requests traced whole | 4 of 4 | 3 of 4 |" in text
+
+
+def test_the_report_says_how_long_the_server_idled_before_each_request() -> None:
+    vllm = Breakdown("vllm", "vllm", {ENGINE_TTFT: [9.0] * 4}, [15.0] * 4)
+    args = argparse.Namespace(requests=4, rounds=1, gap_s=0.3, graph_arg=["a=1"])
+    text = report(args, [vllm])
+    assert (
+        "`python -m bench.requests.ttft --requests 4 --rounds 1 --gap-s 0.3 --graph-arg a=1`"
+        in text
+    )
+    assert "each sent 300 ms after the one before ended" in text
+    args.gap_s = 0.0
+    assert "each sent as the one before ended" in report(args, [vllm])
