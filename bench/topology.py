@@ -41,7 +41,7 @@ class Overrides:
     profile: str = "local"
     """``local`` (configs/<topology>.yaml) or ``gpu`` (configs/gpu.yaml + switches)."""
     kv_cache_gib: float | None = None
-    args: Mapping[str, str | None] = field(default_factory=dict)
+    args: Mapping[str, str] = field(default_factory=dict)
     """Graph args over the config's, dotted keys nesting (``generate.num_cpus``)."""
 
 

@@ -26,6 +26,7 @@ import os
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import ray
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.datastructures import State
@@ -67,7 +68,13 @@ from deployments.transport.step_channel import ChannelSource, Outboxes
 from deployments.vllm_adapter.engine_args import serve_namespace
 from deployments.vllm_adapter.engine_calls import EngineCalls
 from deployments.vllm_adapter.engine_metrics import local_vllm_metrics
-from deployments.vllm_adapter.engine_start import replica_cores, start_vllm_engine, started_on
+from deployments.vllm_adapter.engine_start import (
+    CoreClaim,
+    claim_cores,
+    engine_core_count,
+    start_vllm_engine,
+    started_on,
+)
 from deployments.vllm_adapter.engine_streams import abort_held, record_streams
 from deployments.vllm_adapter.internals import ENGINE_APP_STATE_NAMES, checked_app_state
 from deployments.vllm_adapter.serve_logging import serve_log_kept
@@ -103,12 +110,17 @@ class Generate(ChannelSource):
         self._coalesce_s = config.stream_coalesce_ms / 1000
         context = serve.get_replica_context()
         self._replica = context.replica_id.unique_id
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+        count = engine_core_count(config.generate.cpu_cores, cpus)
+        # Held while the replica lives, so the host's next engine binds elsewhere.
+        self._core_claim: CoreClaim | None = None
         cores = None
-        if config.generate.cpu_cores is not None:  # CPU engines only (GraphConfig checks)
-            # Read by the engine core process, which this replica is about to spawn.
-            cores = replica_cores(
-                list(os.sched_getaffinity(0)), config.generate.cpu_cores, context.rank.local_rank
+        if count is not None and config.num_gpus == 0:  # CPU engines only
+            self._core_claim = claim_cores(
+                list(os.sched_getaffinity(0)), count, context.rank.local_rank
             )
+            cores = self._core_claim.cores
+            # Read by the engine core process, which this replica is about to spawn.
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
         # With prefix routing, the engine publishes its KV cache events to this replica,
         # which reports the blocks it holds to every caller's router (kv_index.py).

@@ -204,9 +204,9 @@ def graph_apps(
             "derender.num_cpus": 0.05,
             "generate.num_cpus": 0.2,
             "generate.num_replicas": replicas,
-            # Unbound unless asked (I.yaml binds its one engine): engines of
-            # several apps, each its own deployment's rank 0, would share one core.
-            "generate.cpu_cores": cpu_cores,
+            # Unbound unless asked: past the host's free cores, engines of several
+            # apps, each its own deployment's rank 0, would share one core.
+            "generate.cpu_cores": cpu_cores or "off",
             **({"model": model} if model else {}),
             **variant,
         }

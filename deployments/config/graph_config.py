@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
@@ -206,14 +206,14 @@ class GenerateOptions(DeploymentOptions):
         "more than one replica.",
     )
     prefix_routing: PrefixRoutingOptions = Field(default_factory=PrefixRoutingOptions)
-    cpu_cores: int | None = Field(
-        None,
-        ge=1,
-        description="CPU engines: bind each replica's engine to this many cores of its node, "
-        "its own by the replica's rank on the node (as a GPU per replica): its worker's "
-        "threads (VLLM_CPU_OMP_THREADS_BIND, one per core) and its EngineCore process. Unset: "
-        "unbound (VLLM_CPU_OMP_THREADS_BIND, default nobind), as many threads as Ray gives "
-        "the replica in OMP_NUM_THREADS (its num_cpus, at least 1).",
+    cpu_cores: Annotated[int, Field(ge=1)] | Literal["auto", "off"] = Field(
+        "auto",
+        description="CPU engines: bind each replica's engine, its worker's threads "
+        "(VLLM_CPU_OMP_THREADS_BIND, one per core) and its EngineCore process, to this many "
+        "cores of its host that no other engine there holds (else its rank's on the node, "
+        "shared). `auto`: as many as Ray gives the replica threads (its num_cpus rounded "
+        "down, at least 1). `off`: unbound (VLLM_CPU_OMP_THREADS_BIND=nobind), as many "
+        "threads as auto. GPU engines: auto is off.",
     )
 
     migration_limit: int = Field(
@@ -342,8 +342,10 @@ class GraphConfig(_Strict):
             )
         if self.num_gpus == 0 and self.tensor_parallel_size > 1:
             raise ValueError("tensor_parallel_size > 1 needs num_gpus > 0")
-        if self.num_gpus > 0 and self.generate.cpu_cores is not None:
-            raise ValueError("generate.cpu_cores binds CPU engines; unset it with num_gpus > 0")
+        if self.num_gpus > 0 and isinstance(self.generate.cpu_cores, int):
+            raise ValueError(
+                "generate.cpu_cores binds CPU engines; with num_gpus > 0 leave it auto or off"
+            )
         for name in ("ingress", "generate"):
             scaling = getattr(self, name).autoscaling
             if scaling is not None and scaling.policy == "cpu":

@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
+import math
 import os
+import tempfile
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+# Host-wide: graphs, applications and the Ray nodes of a local cluster share its cores.
+CLAIMS_DIR = Path(tempfile.gettempdir()) / "scaleout-serve-engine-cores"
 
 
 async def start_vllm_engine(args: argparse.Namespace) -> Any:
@@ -24,6 +32,59 @@ async def start_vllm_engine(args: argparse.Namespace) -> Any:
         enable_log_requests=engine_args.enable_log_requests,
         disable_log_stats=engine_args.disable_log_stats,
     )
+
+
+def engine_core_count(
+    setting: int | Literal["auto", "off"], assigned_cpus: float | None
+) -> int | None:
+    """How many cores a CPU engine binds to (None: unbound): ``auto`` as many as Ray
+    gives the replica threads (``OMP_NUM_THREADS``: its CPUs rounded down, at least 1)."""
+    if setting == "off":
+        return None
+    if setting == "auto":
+        return max(math.floor(assigned_cpus or 1), 1)
+    return setting
+
+
+@dataclass
+class CoreClaim:
+    """Cores a CPU engine binds to, held against the host's other engines until
+    ``release`` or this process's exit (the kernel drops its locks)."""
+
+    cores: list[int]
+    _locks: list[int] = field(default_factory=list, repr=False)
+
+    def release(self) -> None:
+        for fd in self._locks:
+            os.close(fd)
+        self._locks.clear()
+
+
+def claim_cores(
+    allowed: list[int], cores: int, local_rank: int, claims: Path = CLAIMS_DIR
+) -> CoreClaim:
+    """The first ``cores`` of ``allowed`` that no other engine on this host holds
+    (a lock on a file per core): so engines of several graphs, applications or local
+    Ray nodes on one host bind apart. Where fewer are free, the rank's cores
+    (``replica_cores``), shared with another engine."""
+    ordered = sorted(allowed)
+    wanted = min(cores, len(ordered))
+    claim = CoreClaim([])
+    with contextlib.suppress(OSError):  # no claims where the folder cannot be written
+        claims.mkdir(exist_ok=True)
+        for core in ordered:
+            fd = os.open(claims / f"core-{core}", os.O_RDONLY | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            claim.cores.append(core)
+            claim._locks.append(fd)
+            if len(claim.cores) == wanted:
+                return claim
+    claim.release()
+    return CoreClaim(replica_cores(ordered, cores, local_rank))
 
 
 def replica_cores(allowed: list[int], cores: int, local_rank: int) -> list[int]:

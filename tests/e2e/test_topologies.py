@@ -170,9 +170,9 @@ SHARED_CPUS = {
     "render.num_cpus": "0.1",
     "derender.num_cpus": "0.1",
     "ingress.num_cpus": "0.05",
-    # Unbound: each file binds its engine to the node's first core (rank 0 of its
-    # deployment), and four engines on one core would leave the other idle.
-    "generate.cpu_cores": None,
+    # Unbound: four engines on two cores; bound, the first two would take a core each
+    # and the others share the first (each its deployment's rank 0).
+    "generate.cpu_cores": "off",
 }
 SIDE_BY_SIDE_OVERRIDES = Overrides(
     kv_cache_gib=EAGER_SMALL_CACHE.kv_cache_gib, args={**EAGER_SMALL_CACHE.args, **SHARED_CPUS}

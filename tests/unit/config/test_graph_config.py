@@ -95,7 +95,12 @@ def test_text_placement_is_checked() -> None:
 
 
 def test_cpu_cores_binds_only_cpu_engines() -> None:
+    assert GraphConfig.from_args({}).generate.cpu_cores == "auto"
     assert GraphConfig.from_args({"generate.cpu_cores": "2"}).generate.cpu_cores == 2
+    assert GraphConfig.from_args({"generate.cpu_cores": "off"}).generate.cpu_cores == "off"
+    assert GraphConfig.from_args({"num_gpus": 1}).generate.cpu_cores == "auto"
+    with pytest.raises(ValidationError, match="cpu_cores"):
+        GraphConfig.from_args({"generate.cpu_cores": "all"})
     with pytest.raises(ValidationError, match="cpu_cores"):
         GraphConfig.from_args({"generate.cpu_cores": 1, "num_gpus": 1})
     with pytest.raises(ValidationError, match="cpu_cores"):
