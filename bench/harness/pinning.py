@@ -37,6 +37,23 @@ def set_cores(pid: int, cores: Iterable[int]) -> None:
             os.sched_setaffinity(int(task.name), wanted)
 
 
+def bind_engine(root: int, cores: Iterable[int]) -> int:
+    """vLLM's engine processes under ``root`` (``VLLM::EngineCore``, ``VLLM::Worker``),
+    every thread, onto ``cores``, as a Generate replica binds its engine
+    (``generate.cpu_cores``); how many were bound. None: a LookupError."""
+    wanted = list(cores)
+    engines = [
+        child
+        for child in psutil.Process(root).children(recursive=True)
+        if child.name().startswith("VLLM::") or " ".join(child.cmdline()).startswith("VLLM::")
+    ]
+    if not engines:
+        raise LookupError(f"no vLLM engine process under {root}")
+    for engine in engines:
+        set_cores(engine.pid, wanted)
+    return len(engines)
+
+
 def allowed_cores(pid: int) -> str:
     """The kernel's list of the cores ``pid``'s threads may run on, e.g. ``0`` or
     ``0-1``; threads that differ are listed apart (``0 | 0-1``)."""

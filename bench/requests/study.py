@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.harness.freeze import frozen
+from bench.harness.pinning import bind_engine
 from bench.harness.servers import (
     SERVE_RUN_STOP_GRACE_S,
     VENV_BIN,
@@ -297,6 +298,13 @@ def main() -> None:
         action="store_true",
         help="each server alone, one after another, not side by side in alternating cells",
     )
+    parser.add_argument(
+        "--vllm-engine-cores",
+        type=lambda s: [int(c) for c in s.split(",")],
+        default=None,
+        help="bind vLLM's engine processes (EngineCore and worker, every thread) to these "
+        "cores once its server is up, as the graph binds its own (default: unbound)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the markdown report here")
     parser.add_argument("--json", type=Path, default=None, help="write every cell here")
     args = parser.parse_args()
@@ -320,6 +328,12 @@ def main() -> None:
                     tool_call_parser="hermes",
                 )
             )
+            if args.vllm_engine_cores is not None:
+                bound = bind_engine(server.process.pid, args.vllm_engine_cores)
+                run.command += (
+                    f", its {bound} engine processes bound to core(s) "
+                    f"{','.join(map(str, args.vllm_engine_cores))} once up"
+                )
             runs.append(run)
             if args.in_turn:
                 measure_server(server, run, ["vllm"], args)

@@ -19,6 +19,7 @@ from bench.harness.pinning import (
     HEAD,
     NODE_TYPE_VARIABLE,
     allowed_cores,
+    bind_engine,
     by_group,
     cores_text,
     pin,
@@ -77,6 +78,33 @@ def test_allowed_cores_lists_threads_that_differ_apart(forker: subprocess.Popen[
     tasks = sorted(int(t.name) for t in Path(f"/proc/{forker.pid}/task").iterdir())
     os.sched_setaffinity(tasks[-1], {cores[0]})
     assert " | " in allowed_cores(forker.pid)
+
+
+def test_bind_engine_binds_vllms_engine_processes_only() -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("one core: no binding to tell apart")
+    server = subprocess.Popen(
+        ["bash", "-c", "(exec -a VLLM::EngineCore sleep 60) & sleep 60 & wait"]
+    )
+    try:
+        root = psutil.Process(server.pid)
+        for _ in range(100):
+            if len(root.children()) == 2:
+                break
+            psutil.wait_procs([], timeout=0.05)
+        assert bind_engine(server.pid, [cores[0]]) == 1
+        by_title = {" ".join(c.cmdline()).split()[0]: c.pid for c in root.children()}
+        assert allowed_cores(by_title["VLLM::EngineCore"]) == str(cores[0])
+        assert allowed_cores(by_title["sleep"]) != str(cores[0])
+        assert allowed_cores(server.pid) != str(cores[0])
+    finally:
+        for child in psutil.Process(server.pid).children(recursive=True):
+            child.kill()
+        server.kill()
+        server.wait()
+    with pytest.raises(LookupError):
+        bind_engine(os.getpid(), [cores[0]])
 
 
 def test_by_group_gives_a_worker_raylet_and_its_descendants_its_node_group(
