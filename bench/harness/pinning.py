@@ -37,6 +37,20 @@ def set_cores(pid: int, cores: Iterable[int]) -> None:
             os.sched_setaffinity(int(task.name), wanted)
 
 
+def engine_processes(root: int) -> tuple[psutil.Process, psutil.Process]:
+    """vLLM's engine processes under ``root``: its ``VLLM::EngineCore`` and its
+    ``VLLM::Worker`` (one engine, one worker); else a LookupError."""
+    found: dict[str, psutil.Process] = {}
+    for child in psutil.Process(root).children(recursive=True):
+        title = " ".join(child.cmdline()) or child.name()
+        for name in ("VLLM::EngineCore", "VLLM::Worker"):
+            if title.startswith(name):
+                found[name] = child
+    if len(found) != 2:
+        raise LookupError(f"no vLLM EngineCore and Worker under {root}: {sorted(found)}")
+    return found["VLLM::EngineCore"], found["VLLM::Worker"]
+
+
 def bind_engine(root: int, cores: Iterable[int]) -> int:
     """vLLM's engine processes under ``root`` (``VLLM::EngineCore``, ``VLLM::Worker``),
     every thread, onto ``cores``, as a Generate replica binds its engine
@@ -45,7 +59,7 @@ def bind_engine(root: int, cores: Iterable[int]) -> int:
     engines = [
         child
         for child in psutil.Process(root).children(recursive=True)
-        if child.name().startswith("VLLM::") or " ".join(child.cmdline()).startswith("VLLM::")
+        if " ".join(child.cmdline()).startswith("VLLM::") or child.name().startswith("VLLM::")
     ]
     if not engines:
         raise LookupError(f"no vLLM engine process under {root}")

@@ -177,10 +177,10 @@ def measure_paired(
                     cell = measure_cell(
                         server, run.label, load, mode, concurrency, args.requests, round_
                     )
-                _record(run, cell)
+                record_cell(run, cell)
 
 
-def _record(run: ServerRun, cell: Cell) -> None:
+def record_cell(run: ServerRun, cell: Cell) -> None:
     run.cells.append(cell)
     cpu_ms = sum(cell.cpu_s.values()) / cell.requests * 1000
     print(
@@ -203,7 +203,7 @@ def measure_server(
                 cell = measure_cell(
                     server, run.label, load, mode, concurrency, args.requests, round_
                 )
-                _record(run, cell)
+                record_cell(run, cell)
 
 
 @contextmanager

@@ -22,6 +22,7 @@ from bench.harness.pinning import (
     bind_engine,
     by_group,
     cores_text,
+    engine_processes,
     pin,
     set_cores,
 )
@@ -105,6 +106,33 @@ def test_bind_engine_binds_vllms_engine_processes_only() -> None:
         server.wait()
     with pytest.raises(LookupError):
         bind_engine(os.getpid(), [cores[0]])
+
+
+def test_engine_processes_finds_vllms_engine_core_and_worker_by_title() -> None:
+    server = subprocess.Popen(
+        [
+            "bash",
+            "-c",
+            "(exec -a VLLM::EngineCore sleep 60) & (exec -a VLLM::Worker sleep 60) & "
+            "sleep 60 & wait",
+        ]
+    )
+    try:
+        root = psutil.Process(server.pid)
+        for _ in range(100):
+            if len(root.children()) == 3:
+                break
+            psutil.wait_procs([], timeout=0.05)
+        core, worker = engine_processes(server.pid)
+        assert core.cmdline()[0] == "VLLM::EngineCore"
+        assert worker.cmdline()[0] == "VLLM::Worker"
+    finally:
+        for child in psutil.Process(server.pid).children(recursive=True):
+            child.kill()
+        server.kill()
+        server.wait()
+    with pytest.raises(LookupError):
+        engine_processes(os.getpid())
 
 
 def test_by_group_gives_a_worker_raylet_and_its_descendants_its_node_group(

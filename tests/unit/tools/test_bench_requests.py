@@ -15,7 +15,7 @@ import pytest
 
 from bench.harness.servers import GRAPH_ENGINE_THREADS
 from bench.metrics import engine_busy
-from bench.requests import floor_app, study
+from bench.requests import floor_app, study, vllm_binding
 from bench.requests.processes import (
     DASHBOARD,
     ENGINE,
@@ -304,3 +304,18 @@ def test_vllms_server_gets_the_threads_ray_gives_the_default_engine() -> None:
     options = generate_deployment(GraphConfig(), channel_callers=1).ray_actor_options
     assert options is not None
     assert str(max(math.floor(options["num_cpus"]), 1)) == GRAPH_ENGINE_THREADS
+
+
+def test_each_binding_is_set_against_the_unbound_engine_round_by_round() -> None:
+    """vllm_binding's ratios pair each round's cells: 2× and 4× the rate is 3× by the
+    median (2–4), whatever the rounds' order."""
+
+    def run(label: str, walls: list[float]) -> ServerRun:
+        cells = [_cell(label, "vllm", r, 10.0, wall_s=w) for r, w in enumerate(walls)]
+        for cell in cells:
+            cell.concurrency = 16
+        return ServerRun(label, "vllm", cells)
+
+    runs = {"unbound": run("unbound", [2.0, 4.0]), "engine": run("engine", [1.0, 1.0])}
+    (row,) = vllm_binding.ratio_table(runs, [16])[2:]
+    assert row.startswith("| engine | 16 | 3.00 (2.00–4.00) | 1.00 (1.00–1.00) |"), row
