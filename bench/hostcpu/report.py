@@ -120,8 +120,14 @@ def report(args: argparse.Namespace, results: list[Result], labels: list[str]) -
         f"{args.repeat} time(s) (graph modes in turn), CPU and tokens summed.",
         "",
         "*vllm*: its server measured before and after the graph rows, and both together "
-        "(CPU and tokens summed, wall averaged), which the targets use. "
-        "CPU milliseconds per output token. *All processes*: vLLM's server and its engine "
+        "(CPU and tokens summed, wall averaged), which the targets use"
+        + (
+            f"; its engine processes bound to core(s) {args.vllm_engine_cores} once up, as "
+            "the graph binds its own. "
+            if getattr(args, "vllm_engine_cores", None)
+            else ". "
+        )
+        + "CPU milliseconds per output token. *All processes*: vLLM's server and its engine "
         "core; for the graph, every process under `serve run` (Ray's own included). "
         "*Generate host*: vLLM's whole server, or the graph's Generate replica with its "
         "engine processes; *engine core*: vLLM's `VLLM::EngineCore` process alone "

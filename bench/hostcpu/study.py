@@ -39,6 +39,7 @@ from typing import Any
 import httpx
 import psutil
 
+from bench.harness.pinning import bind_engine
 from bench.harness.servers import (
     TINY_MODEL,
     Server,
@@ -192,15 +193,21 @@ def _steps(base_url: str) -> float:
 
 
 @contextmanager
-def vllm_server(work: Path) -> Iterator[Server]:
+def vllm_server(work: Path, engine_cores: list[int] | None = None) -> Iterator[Server]:
+    """vLLM's server; ``engine_cores``: its engine processes bound there once up, as a
+    Generate replica binds its own."""
     with running_vllm_as_graph(
         work / "vllm.log", GRAPH_ARGS, extra_args=["--logits-processors", PACED]
     ) as server:
+        if engine_cores is not None:
+            bind_engine(server.process.pid, engine_cores)
         yield server
 
 
-def measure_vllm(work: Path, load: Load, label: str, repeat: int) -> Result:
-    with vllm_server(work) as server:
+def measure_vllm(
+    work: Path, load: Load, label: str, repeat: int, engine_cores: list[int] | None = None
+) -> Result:
+    with vllm_server(work, engine_cores) as server:
         runs = [measure(server, load, "vllm", None)]
         runs += [measure_warm(server, load, "vllm", None) for _ in range(repeat - 1)]
     result = combined(runs, label)
@@ -273,6 +280,13 @@ def main() -> None:
         help="NAME:K=V,... also run the graph modes with these (repeatable): upper-case "
         "keys are environment variables, lower-case ones graph args (observability.metrics)",
     )
+    parser.add_argument(
+        "--vllm-engine-cores",
+        type=lambda s: [int(c) for c in s.split(",")],
+        default=None,
+        help="bind vLLM's engine processes (EngineCore and worker, every thread) to these "
+        "cores once its server is up, as the graph binds its own (default: unbound)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write a markdown report here")
     args = parser.parse_args()
     load = Load(args.streams, args.tokens, args.pace_ms, args.traffic)
@@ -295,14 +309,18 @@ def main() -> None:
         # is this shared host's noise over the run; the targets use both together.
         references: list[Result] = []
         if "vllm" in modes:
-            references.append(measure_vllm(work, load, "vllm, before", args.repeat))
+            references.append(
+                measure_vllm(work, load, "vllm, before", args.repeat, args.vllm_engine_cores)
+            )
         for label, env, graph_args in runs:
             if graph_modes:
                 results += run_graph_modes(
                     work, load, env, graph_modes, label, args.repeat, graph_args
                 )
         if "vllm" in modes:
-            references.append(measure_vllm(work, load, "vllm, after", args.repeat))
+            references.append(
+                measure_vllm(work, load, "vllm, after", args.repeat, args.vllm_engine_cores)
+            )
             results = [*references, combined(references, "vllm"), *results]
     text = report(args, results, [label for label, _, _ in runs]) + "\n".join(traced.note())
     print(text)
