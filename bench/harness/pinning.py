@@ -14,6 +14,7 @@ Read back from ``/proc/<pid>/status`` (``Cpus_allowed_list``) for every process.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 from collections.abc import Iterable
@@ -35,6 +36,18 @@ def set_cores(pid: int, cores: Iterable[int]) -> None:
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(ProcessLookupError):  # a thread that just ended
             os.sched_setaffinity(int(task.name), wanted)
+
+
+def add_vllm_engine_cores(parser: argparse.ArgumentParser) -> None:
+    """``--vllm-engine-cores``: a bench's vLLM server with its engine bound as a Generate
+    replica binds its own (``bind_engine``)."""
+    parser.add_argument(
+        "--vllm-engine-cores",
+        type=lambda s: [int(c) for c in s.split(",")],
+        default=None,
+        help="bind vLLM's engine processes (EngineCore and worker, every thread) to these "
+        "cores once its server is up, as the graph binds its own (default: unbound)",
+    )
 
 
 def engine_processes(root: int) -> tuple[psutil.Process, psutil.Process]:

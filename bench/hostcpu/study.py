@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 import psutil
 
-from bench.harness.pinning import bind_engine
+from bench.harness.pinning import add_vllm_engine_cores, bind_engine
 from bench.harness.servers import (
     TINY_MODEL,
     Server,
@@ -280,13 +280,7 @@ def main() -> None:
         help="NAME:K=V,... also run the graph modes with these (repeatable): upper-case "
         "keys are environment variables, lower-case ones graph args (observability.metrics)",
     )
-    parser.add_argument(
-        "--vllm-engine-cores",
-        type=lambda s: [int(c) for c in s.split(",")],
-        default=None,
-        help="bind vLLM's engine processes (EngineCore and worker, every thread) to these "
-        "cores once its server is up, as the graph binds its own (default: unbound)",
-    )
+    add_vllm_engine_cores(parser)
     parser.add_argument("--out", type=Path, default=None, help="write a markdown report here")
     args = parser.parse_args()
     load = Load(args.streams, args.tokens, args.pace_ms, args.traffic)

@@ -42,13 +42,13 @@ import contextlib
 import json
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.harness.freeze import frozen
-from bench.harness.pinning import bind_engine
+from bench.harness.pinning import add_vllm_engine_cores, bind_engine
 from bench.harness.servers import (
     SERVE_RUN_STOP_GRACE_S,
     VENV_BIN,
@@ -103,6 +103,19 @@ class ServerRun:
     idle_core_share: dict[str, float] = field(default_factory=dict)
     """CPU per kind while idle, as a share of one core."""
     memory: dict[str, Memory] = field(default_factory=dict)
+
+
+def requests_vllm(log_path: Path, extra_args: Sequence[str] = ()) -> AbstractContextManager[Server]:
+    """vLLM's server as every ``bench.requests`` study runs it: the embedded model with
+    the graph's parsers, context and cache."""
+    return running_vllm(
+        log_path,
+        max_model_len=MAX_MODEL_LEN,
+        kv_cache_gib=KV_CACHE_GIB,
+        reasoning_parser="qwen3",
+        tool_call_parser="hermes",
+        extra_args=extra_args,
+    )
 
 
 def measure_cell(
@@ -298,13 +311,7 @@ def main() -> None:
         action="store_true",
         help="each server alone, one after another, not side by side in alternating cells",
     )
-    parser.add_argument(
-        "--vllm-engine-cores",
-        type=lambda s: [int(c) for c in s.split(",")],
-        default=None,
-        help="bind vLLM's engine processes (EngineCore and worker, every thread) to these "
-        "cores once its server is up, as the graph binds its own (default: unbound)",
-    )
+    add_vllm_engine_cores(parser)
     parser.add_argument("--out", type=Path, default=None, help="write the markdown report here")
     parser.add_argument("--json", type=Path, default=None, help="write every cell here")
     args = parser.parse_args()
@@ -319,15 +326,7 @@ def main() -> None:
         vllm: tuple[Server, ServerRun] | None = None
         if "vllm" in chosen:
             run = ServerRun("vllm", "python -m vllm.entrypoints.openai.api_server")
-            server = vllm_up.enter_context(
-                running_vllm(
-                    work / "vllm.log",
-                    max_model_len=MAX_MODEL_LEN,
-                    kv_cache_gib=KV_CACHE_GIB,
-                    reasoning_parser="qwen3",
-                    tool_call_parser="hermes",
-                )
-            )
+            server = vllm_up.enter_context(requests_vllm(work / "vllm.log"))
             if args.vllm_engine_cores is not None:
                 bound = bind_engine(server.process.pid, args.vllm_engine_cores)
                 run.command += (

@@ -32,11 +32,11 @@ import httpx
 from bench.harness.freeze import frozen
 from bench.harness.host import host_line
 from bench.harness.otlp_collector import Collector, Span, running_collector
-from bench.harness.servers import Server, running_vllm
+from bench.harness.servers import Server
 from bench.harness.sse_chunks import json_chunks
 from bench.requests.load import ShortChats, carries_output
 from bench.requests.report import commit_id
-from bench.requests.study import GRAPH_MODES, KV_CACHE_GIB, MAX_MODEL_LEN, graph_server
+from bench.requests.study import GRAPH_MODES, graph_server, requests_vllm
 from deployments.config.graph_config import TINY_MODEL
 from deployments.config.serve_env import SERVE_ENV
 
@@ -231,13 +231,8 @@ def main() -> None:
     with (
         tempfile.TemporaryDirectory(prefix="ttft-") as tmp,
         running_collector() as collector,
-        running_vllm(
-            Path(tmp) / "vllm.log",
-            max_model_len=MAX_MODEL_LEN,
-            kv_cache_gib=KV_CACHE_GIB,
-            reasoning_parser="qwen3",
-            tool_call_parser="hermes",
-            extra_args=["--otlp-traces-endpoint", collector.endpoint],
+        requests_vllm(
+            Path(tmp) / "vllm.log", ["--otlp-traces-endpoint", collector.endpoint]
         ) as vllm,
         graph_server(
             Path(tmp),

@@ -27,11 +27,11 @@ from pathlib import Path
 
 from bench.harness.host import host_line
 from bench.harness.pinning import engine_processes, set_cores
-from bench.harness.servers import Server, running_vllm
+from bench.harness.servers import Server
 from bench.requests.figures import cpu_ms, rounds, rps, ttft_p50
 from bench.requests.load import ShortChats
 from bench.requests.report import cells_table, commit_id
-from bench.requests.study import KV_CACHE_GIB, MAX_MODEL_LEN, ServerRun, measure_cell, record_cell
+from bench.requests.study import ServerRun, measure_cell, record_cell, requests_vllm
 from deployments.config.graph_config import TINY_MODEL
 
 BINDINGS = ("unbound", "worker", "engine")
@@ -94,13 +94,7 @@ def main() -> None:
     load = ShortChats(model=str(TINY_MODEL), tokens=args.tokens)
     with (
         tempfile.TemporaryDirectory(prefix="vllm-binding-") as tmp,
-        running_vllm(
-            Path(tmp) / "vllm.log",
-            max_model_len=MAX_MODEL_LEN,
-            kv_cache_gib=KV_CACHE_GIB,
-            reasoning_parser="qwen3",
-            tool_call_parser="hermes",
-        ) as server,
+        requests_vllm(Path(tmp) / "vllm.log") as server,
     ):
         for binding in BINDINGS:
             bind(server, binding)

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -81,56 +82,44 @@ def test_allowed_cores_lists_threads_that_differ_apart(forker: subprocess.Popen[
     assert " | " in allowed_cores(forker.pid)
 
 
+@contextmanager
+def titled_children(*titles: str) -> Iterator[psutil.Process]:
+    """A process whose children carry ``titles`` (as vLLM titles its engine's), up."""
+    script = " ".join(f"(exec -a {title} sleep 60) &" for title in titles) + " wait"
+    server = subprocess.Popen(["bash", "-c", script])
+    root = psutil.Process(server.pid)
+    try:
+        for _ in range(100):
+            if len(root.children()) == len(titles):
+                break
+            psutil.wait_procs([], timeout=0.05)
+        yield root
+    finally:
+        for child in root.children(recursive=True):
+            child.kill()
+        server.kill()
+        server.wait()
+
+
 def test_bind_engine_binds_vllms_engine_processes_only() -> None:
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         pytest.skip("one core: no binding to tell apart")
-    server = subprocess.Popen(
-        ["bash", "-c", "(exec -a VLLM::EngineCore sleep 60) & sleep 60 & wait"]
-    )
-    try:
-        root = psutil.Process(server.pid)
-        for _ in range(100):
-            if len(root.children()) == 2:
-                break
-            psutil.wait_procs([], timeout=0.05)
-        assert bind_engine(server.pid, [cores[0]]) == 1
-        by_title = {" ".join(c.cmdline()).split()[0]: c.pid for c in root.children()}
+    with titled_children("VLLM::EngineCore", "other") as root:
+        assert bind_engine(root.pid, [cores[0]]) == 1
+        by_title = {c.cmdline()[0]: c.pid for c in root.children()}
         assert allowed_cores(by_title["VLLM::EngineCore"]) == str(cores[0])
-        assert allowed_cores(by_title["sleep"]) != str(cores[0])
-        assert allowed_cores(server.pid) != str(cores[0])
-    finally:
-        for child in psutil.Process(server.pid).children(recursive=True):
-            child.kill()
-        server.kill()
-        server.wait()
+        assert allowed_cores(by_title["other"]) != str(cores[0])
+        assert allowed_cores(root.pid) != str(cores[0])
     with pytest.raises(LookupError):
         bind_engine(os.getpid(), [cores[0]])
 
 
 def test_engine_processes_finds_vllms_engine_core_and_worker_by_title() -> None:
-    server = subprocess.Popen(
-        [
-            "bash",
-            "-c",
-            "(exec -a VLLM::EngineCore sleep 60) & (exec -a VLLM::Worker sleep 60) & "
-            "sleep 60 & wait",
-        ]
-    )
-    try:
-        root = psutil.Process(server.pid)
-        for _ in range(100):
-            if len(root.children()) == 3:
-                break
-            psutil.wait_procs([], timeout=0.05)
-        core, worker = engine_processes(server.pid)
+    with titled_children("VLLM::EngineCore", "VLLM::Worker", "other") as root:
+        core, worker = engine_processes(root.pid)
         assert core.cmdline()[0] == "VLLM::EngineCore"
         assert worker.cmdline()[0] == "VLLM::Worker"
-    finally:
-        for child in psutil.Process(server.pid).children(recursive=True):
-            child.kill()
-        server.kill()
-        server.wait()
     with pytest.raises(LookupError):
         engine_processes(os.getpid())
 
