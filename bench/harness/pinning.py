@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,12 +50,19 @@ def add_vllm_engine_cores(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _titles(root: int) -> Iterator[tuple[str, psutil.Process]]:
+    """Each live process under ``root`` with its title (its command line, as vLLM and Ray
+    set it, or its name); zombies and processes gone meanwhile left out."""
+    for child in psutil.Process(root).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            yield " ".join(child.cmdline()) or child.name(), child
+
+
 def engine_processes(root: int) -> tuple[psutil.Process, psutil.Process]:
     """vLLM's engine processes under ``root``: its ``VLLM::EngineCore`` and its
     ``VLLM::Worker`` (one engine, one worker); else a LookupError."""
     found: dict[str, psutil.Process] = {}
-    for child in psutil.Process(root).children(recursive=True):
-        title = " ".join(child.cmdline()) or child.name()
+    for title, child in _titles(root):
         for name in ("VLLM::EngineCore", "VLLM::Worker"):
             if title.startswith(name):
                 found[name] = child
@@ -69,11 +76,7 @@ def bind_engine(root: int, cores: Iterable[int]) -> int:
     every thread, onto ``cores``, as a Generate replica binds its engine
     (``generate.cpu_cores``); how many were bound. None: a LookupError."""
     wanted = list(cores)
-    engines = [
-        child
-        for child in psutil.Process(root).children(recursive=True)
-        if " ".join(child.cmdline()).startswith("VLLM::") or child.name().startswith("VLLM::")
-    ]
+    engines = [child for title, child in _titles(root) if title.startswith("VLLM::")]
     if not engines:
         raise LookupError(f"no vLLM engine process under {root}")
     for engine in engines:

@@ -111,8 +111,8 @@ def test_bind_engine_binds_vllms_engine_processes_only() -> None:
         assert allowed_cores(by_title["VLLM::EngineCore"]) == str(cores[0])
         assert allowed_cores(by_title["other"]) != str(cores[0])
         assert allowed_cores(root.pid) != str(cores[0])
-    with pytest.raises(LookupError):
-        bind_engine(os.getpid(), [cores[0]])
+    with titled_children("other") as root, pytest.raises(LookupError):
+        bind_engine(root.pid, [cores[0]])
 
 
 def test_engine_processes_finds_vllms_engine_core_and_worker_by_title() -> None:
@@ -120,8 +120,29 @@ def test_engine_processes_finds_vllms_engine_core_and_worker_by_title() -> None:
         core, worker = engine_processes(root.pid)
         assert core.cmdline()[0] == "VLLM::EngineCore"
         assert worker.cmdline()[0] == "VLLM::Worker"
-    with pytest.raises(LookupError):
-        engine_processes(os.getpid())
+    with titled_children("VLLM::EngineCore") as root, pytest.raises(LookupError):
+        engine_processes(root.pid)  # no worker
+
+
+def test_engine_lookups_pass_over_zombies() -> None:
+    """A test process (this suite's) holds children it has not reaped yet."""
+    script = "import subprocess, time; subprocess.Popen(['true']); time.sleep(60)"
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        for _ in range(200):
+            children = psutil.Process(parent.pid).children()
+            if children and children[0].status() == psutil.STATUS_ZOMBIE:
+                break
+            psutil.wait_procs([], timeout=0.05)
+        else:
+            pytest.fail("no zombie child")
+        with pytest.raises(LookupError):
+            bind_engine(parent.pid, [0])
+        with pytest.raises(LookupError):
+            engine_processes(parent.pid)
+    finally:
+        parent.kill()
+        parent.wait()
 
 
 def test_by_group_gives_a_worker_raylet_and_its_descendants_its_node_group(
