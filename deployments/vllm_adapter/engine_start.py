@@ -52,12 +52,13 @@ class CoreClaim:
     ``release`` or this process's exit (the kernel drops its locks)."""
 
     cores: list[int]
-    _locks: list[int] = field(default_factory=list, repr=False)
+    locks: list[int] = field(default_factory=list, repr=False)
+    """Open descriptors of the locked core files (none where it fell back to sharing)."""
 
     def release(self) -> None:
-        for fd in self._locks:
+        for fd in self.locks:
             os.close(fd)
-        self._locks.clear()
+        self.locks.clear()
 
 
 def claim_cores(
@@ -80,7 +81,7 @@ def claim_cores(
                 os.close(fd)
                 continue
             claim.cores.append(core)
-            claim._locks.append(fd)
+            claim.locks.append(fd)
             if len(claim.cores) == wanted:
                 return claim
     claim.release()
