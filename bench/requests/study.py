@@ -289,14 +289,20 @@ def _graph_command(label: str, env: dict[str, str], graph_args: dict[str, str]) 
     return command
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_load_options(parser: argparse.ArgumentParser, *, requests: int) -> None:
+    """The closed-loop short-chat load's options (``ShortChats``, ``closed_loop``), for
+    every bench that runs it."""
     parser.add_argument("--tokens", type=int, default=8, help="output tokens per chat")
-    parser.add_argument("--requests", type=int, default=100, help="requests per cell")
+    parser.add_argument("--requests", type=int, default=requests, help="requests per cell")
     parser.add_argument(
         "--concurrency", type=lambda s: [int(c) for c in s.split(",")], default=[1, 4, 16]
     )
     parser.add_argument("--repeat", type=int, default=3, help="rounds of every cell")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_load_options(parser, requests=100)
     parser.add_argument("--idle-s", type=float, default=30)
     parser.add_argument("--servers", default="vllm,plain,make-run", help="which to run, in order")
     parser.add_argument(

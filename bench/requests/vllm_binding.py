@@ -31,7 +31,13 @@ from bench.harness.servers import Server
 from bench.requests.figures import cpu_ms, rounds, rps, ttft_p50
 from bench.requests.load import ShortChats
 from bench.requests.report import cells_table, commit_id
-from bench.requests.study import ServerRun, measure_cell, record_cell, requests_vllm
+from bench.requests.study import (
+    ServerRun,
+    add_load_options,
+    measure_cell,
+    record_cell,
+    requests_vllm,
+)
 from deployments.config.graph_config import TINY_MODEL
 
 BINDINGS = ("unbound", "worker", "engine")
@@ -79,12 +85,7 @@ def ratio_table(runs: dict[str, ServerRun], concurrencies: list[int]) -> list[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tokens", type=int, default=8, help="output tokens per chat")
-    parser.add_argument("--requests", type=int, default=300, help="requests per cell")
-    parser.add_argument(
-        "--concurrency", type=lambda s: [int(c) for c in s.split(",")], default=[1, 4, 16]
-    )
-    parser.add_argument("--repeat", type=int, default=3, help="rounds of every cell")
+    add_load_options(parser, requests=300)
     parser.add_argument("--out", type=Path, default=None, help="write the markdown report here")
     args = parser.parse_args()
     runs = {
