@@ -18,6 +18,7 @@ from deployments.transport.step_channel import (
     Outbox,
     Outboxes,
     Preceded,
+    StepChannels,
     WrongReplicaError,
 )
 
@@ -224,8 +225,17 @@ def test_a_failure_after_the_marker_is_the_calls_first_item() -> None:
         yield MARKER
         raise ConnectionError("engine gone")
 
-    with pytest.raises(ConnectionError):
-        asyncio.run(_bound(marker_then_failure()))
+    async def run() -> tuple[list[object], BaseException | None]:
+        got: list[object] = []
+        try:
+            async for item in Outboxes("replica").bind(marker_then_failure(), "caller", "k"):
+                got.append(item)
+        except ConnectionError as exc:
+            return got, exc
+        return got, None
+
+    got, error = asyncio.run(run())
+    assert got == [] and isinstance(error, ConnectionError)
 
 
 class _Response:
@@ -248,8 +258,6 @@ class _Response:
 
 
 def test_the_caller_reads_a_preceded_item_as_the_two_the_plain_call_yields() -> None:
-    from deployments.transport.step_channel import StepChannels
-
     answer = Reply(200, {"id": "x"})
 
     async def run() -> list[object]:
@@ -297,7 +305,6 @@ class _Handle:
 def test_a_channel_that_ended_is_forgotten() -> None:
     """Replicas come and go under autoscaling, each with a new id: a dead one's channel
     must not stay in the caller's table for the process's life."""
-    from deployments.transport.step_channel import StepChannels
 
     async def run() -> tuple[bool, bool]:
         channels = StepChannels(_Handle(), "caller")  # type: ignore[arg-type]
