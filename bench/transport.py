@@ -82,8 +82,9 @@ def build() -> Any:
     from ray.serve.handle import DeploymentHandle
 
     from deployments.routing.pinned_router import PINNED_ROUTING
+    from deployments.transport.channel_reader import StepChannels
     from deployments.transport.coalesce import coalesced
-    from deployments.transport.step_channel import ChannelSource, Outboxes, StepChannels
+    from deployments.transport.step_channel import ChannelSource, Outboxes
 
     def replica_id() -> str:
         return str(serve.get_replica_context().replica_id.unique_id)

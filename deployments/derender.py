@@ -72,6 +72,7 @@ from deployments.scaling.cpu_load import CpuLoad
 from deployments.scaling.host_load import HostSampler
 from deployments.text.derender_output import derender_event, derender_response
 from deployments.text.output import ChunkEvent, TextOutput, openai_event, tokens_request
+from deployments.transport.channel_reader import StepChannels
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from deployments.transport.leaving import LeaveWatch
 from deployments.transport.migration import migrating
@@ -82,7 +83,7 @@ from deployments.transport.serve_internals import (
     on_this_process_data_plane,
     serve_request_id,
 )
-from deployments.transport.step_channel import ChannelSource, Outboxes, StepChannels
+from deployments.transport.step_channel import ChannelSource, Outboxes
 from deployments.vllm_adapter.internals import client_request_id
 
 logger = logging.getLogger("ray.serve")

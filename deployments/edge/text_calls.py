@@ -28,9 +28,9 @@ from deployments.observability.metrics import graph_metrics
 from deployments.observability.tracing import request_trace_kwargs
 from deployments.routing.pinned_router import avoiding
 from deployments.routing.text_placement import AutoPlacement, PlacementReader
+from deployments.transport.channel_reader import ChannelStream, StepChannels
 from deployments.transport.migrating_call import MigratingCall
 from deployments.transport.migration import DeliveredText
-from deployments.transport.step_channel import ChannelStream, StepChannels
 
 Avoid = tuple[str, ...]
 

@@ -9,16 +9,15 @@ import pytest
 
 from deployments.messages.replies import Reply, ServedBy
 from deployments.messages.text_steps import TextSteps
+from deployments.transport.channel_reader import ChannelStream, StepChannels
 from deployments.transport.coalesce import NoOutputEvent
 from deployments.transport.step_channel import (
     STREAM_END,
     ChannelClosedError,
-    ChannelStream,
     OnChannel,
     Outbox,
     Outboxes,
     Preceded,
-    StepChannels,
     WrongReplicaError,
 )
 
