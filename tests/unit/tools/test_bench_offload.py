@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -92,7 +93,7 @@ def titled_children(*titles: str) -> Iterator[psutil.Process]:
         for _ in range(100):
             if len(root.children()) == len(titles):
                 break
-            psutil.wait_procs([], timeout=0.05)
+            time.sleep(0.05)  # up to 10 s for the parent to start and its child to end
         yield root
     finally:
         for child in root.children(recursive=True):
@@ -133,7 +134,7 @@ def test_engine_lookups_pass_over_zombies() -> None:
             children = psutil.Process(parent.pid).children()
             if children and children[0].status() == psutil.STATUS_ZOMBIE:
                 break
-            psutil.wait_procs([], timeout=0.05)
+            time.sleep(0.05)  # up to 10 s for the parent to start and its child to end
         else:
             pytest.fail("no zombie child")
         with pytest.raises(LookupError):
@@ -158,7 +159,7 @@ def test_by_group_gives_a_worker_raylet_and_its_descendants_its_node_group(
         for _ in range(100):
             if node.children():
                 break
-            psutil.wait_procs([], timeout=0.05)
+            time.sleep(0.05)  # up to 10 s for the parent to start and its child to end
         (child,) = node.children()
         processes = [node, child, psutil.Process(other.pid)]
         assert by_group(processes) == {raylet.pid: "engine", child.pid: "engine", other.pid: HEAD}
