@@ -20,7 +20,6 @@ from deployments.transport.step_channel import (
     STREAM_END,
     ChannelClosedError,
     OnChannel,
-    Preceded,
 )
 
 
@@ -119,9 +118,6 @@ class ChannelStream:
     async def _read(channels: StepChannels, key: str, response: Any) -> AsyncIterator[Any]:
         try:
             async for item in response:
-                if isinstance(item, Preceded):
-                    yield item.marker
-                    item = item.item
                 if isinstance(item, OnChannel):
                     async for event in channels._events(key, response, item):
                         yield event

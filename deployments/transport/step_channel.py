@@ -10,12 +10,9 @@ and the channel yields whatever the step produced, for all those streams, as
 one item.
 
 Each stream keeps its own streamed call (a ``*_on_channel`` method), which carries
-what comes before the stream (an error value, a unary response) and then, instead
-of the events, where they go (``OnChannel``, with the stream's first event, so a
-first token never waits for a channel batch). A ``ServedBy`` marker rides with the
-item after it (``Preceded``): an item of its own would cost a Ray item on both ends
-for a value the caller reads only with the next one (``tier_calls`` waits for the
-first item past it before it answers). It
+what comes before the stream (a ``ServedBy`` marker, an error value, a unary
+response) and then, instead of the events, where they go (``OnChannel``, with the
+stream's first event, so a first token never waits for a channel batch). It
 stays open until the stream ends, so that cancelling it (client gone, abort,
 caller cancelled) stops the work exactly as before, and so that its failure
 (an engine that ends it with an error, a dead replica) reaches the caller.
@@ -40,7 +37,6 @@ from typing import Any
 
 from ray.serve.deployment import Deployment
 
-from deployments.messages.replies import ServedBy
 from deployments.messages.text_steps import TextSteps
 from deployments.observability.metrics import graph_metrics
 from deployments.transport.coalesce import joined_by_stream, plain, without_output
@@ -66,14 +62,6 @@ class OnChannel:
 
     replica: str
     first: Any
-
-
-@dataclass(frozen=True)
-class Preceded:
-    """Two items of a bound call in one: ``marker`` (a ``ServedBy``), then ``item``."""
-
-    marker: ServedBy
-    item: Any
 
 
 class ChannelClosedError(RuntimeError):
@@ -177,27 +165,19 @@ class Outboxes:
     async def bind(self, items: AsyncIterator[Any], caller: str, key: str) -> AsyncIterator[Any]:
         """A bound call's body: ``items`` as the plain call would yield them, up to
         the first SSE event; that one on ``OnChannel``, and the rest on the caller's
-        channel. A ``ServedBy`` marker goes with the item after it (``Preceded``).
-        Raises what ``items`` raises, or if the channel broke."""
+        channel. Raises what ``items`` raises, or if the channel broke."""
         outbox: Outbox | None = None
-        marker: ServedBy | None = None  # held for the next item (``Preceded``)
         self.bound += 1
         try:
             async for item in items:
                 if outbox is None:
-                    if isinstance(item, ServedBy) and marker is None:
-                        marker = item
+                    if not isinstance(item, (str, TextSteps)):
+                        yield item
                         continue
-                    if isinstance(item, (str, TextSteps)):
-                        outbox = self.get(caller)
-                        item = OnChannel(self._replica, plain(item))
-                    if marker is not None:
-                        item, marker = Preceded(marker, item), None
-                    yield item
+                    outbox = self.get(caller)
+                    yield OnChannel(self._replica, plain(item))
                     continue
                 outbox.put(key, item)
-            if marker is not None:  # nothing came after it
-                yield marker
             if outbox is not None:
                 outbox.put(key, STREAM_END)
         finally:

@@ -7,9 +7,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from deployments.messages.replies import Reply, ServedBy
 from deployments.messages.text_steps import TextSteps
-from deployments.transport.channel_reader import ChannelStream, StepChannels
+from deployments.transport.channel_reader import StepChannels
 from deployments.transport.coalesce import NoOutputEvent
 from deployments.transport.step_channel import (
     STREAM_END,
@@ -17,7 +16,6 @@ from deployments.transport.step_channel import (
     OnChannel,
     Outbox,
     Outboxes,
-    Preceded,
     WrongReplicaError,
 )
 
@@ -182,90 +180,6 @@ def test_an_inline_streams_text_steps_are_events_and_travel_on_the_channel() -> 
     assert isinstance(bound, OnChannel)
     assert type(bound.first.text) is str  # the NoOutputEvent marker stays in this process
     assert batch == [("k", second), ("k", STREAM_END)]
-
-
-MARKER = ServedBy(placement="inline", replica="replica")
-
-
-async def _bound(items: AsyncIterator[object]) -> list[object]:
-    return [item async for item in Outboxes("replica").bind(items, "caller", "k")]
-
-
-def test_a_served_by_marker_rides_with_the_streams_first_event() -> None:
-    """One Ray item, not two: the caller reads the marker only with what follows it."""
-
-    async def marker_then_events() -> AsyncIterator[object]:
-        yield MARKER
-        yield "data: 1\n\n"
-        yield "data: 2\n\n"
-
-    on_call = asyncio.run(_bound(marker_then_events()))
-    assert on_call == [Preceded(MARKER, OnChannel("replica", "data: 1\n\n"))]
-
-
-def test_a_served_by_marker_rides_with_a_unary_answer_and_alone_goes_alone() -> None:
-    answer = Reply(200, {"id": "x"})
-
-    async def marker_then_answer() -> AsyncIterator[object]:
-        yield MARKER
-        yield answer
-
-    async def marker_only() -> AsyncIterator[object]:
-        yield MARKER
-
-    assert asyncio.run(_bound(marker_then_answer())) == [Preceded(MARKER, answer)]
-    assert asyncio.run(_bound(marker_only())) == [MARKER]
-
-
-def test_a_failure_after_the_marker_is_the_calls_first_item() -> None:
-    """As before: the caller meets the error where it waited for the first item."""
-
-    async def marker_then_failure() -> AsyncIterator[object]:
-        yield MARKER
-        raise ConnectionError("engine gone")
-
-    async def run() -> tuple[list[object], BaseException | None]:
-        got: list[object] = []
-        try:
-            async for item in Outboxes("replica").bind(marker_then_failure(), "caller", "k"):
-                got.append(item)
-        except ConnectionError as exc:
-            return got, exc
-        return got, None
-
-    got, error = asyncio.run(run())
-    assert got == [] and isinstance(error, ConnectionError)
-
-
-class _Response:
-    """A bound call's own response, as the caller's handle yields it."""
-
-    def __init__(self, items: list[object]) -> None:
-        self._items = iter(items)
-
-    def __aiter__(self) -> _Response:
-        return self
-
-    async def __anext__(self) -> object:
-        try:
-            return next(self._items)
-        except StopIteration:
-            raise StopAsyncIteration from None
-
-    def cancel(self) -> None:
-        pass
-
-
-def test_the_caller_reads_a_preceded_item_as_the_two_the_plain_call_yields() -> None:
-    answer = Reply(200, {"id": "x"})
-
-    async def run() -> list[object]:
-        channels = StepChannels(_Handle(), "caller")  # type: ignore[arg-type]
-        channels._queues["k"] = asyncio.Queue()
-        stream = ChannelStream(channels, "k", _Response([Preceded(MARKER, answer)]))
-        return [item async for item in stream]
-
-    assert asyncio.run(run()) == [MARKER, answer]
 
 
 def test_a_channel_call_that_reached_another_replica_is_refused() -> None:
