@@ -22,13 +22,15 @@ export RAY_SERVE_LOG_TO_STDERR ?= 1
 export RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper ?= true
 export RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH ?= 268435456
 export RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH ?= deployments.edge.proxy_middleware:middlewares
+export RAY_SERVE_HAPROXY_TUNE_BUFSIZE ?= 131072
+export RAY_SERVE_HAPROXY_BINARY_PATH ?= $(abspath $(VENV))/bin/scaleout-haproxy
 
 .PHONY: install prometheus run test test-unit test-integration test-e2e test-cluster lint typecheck check model model-check k8s clean
 
 install: $(STAMP)
 
 # Debian's Prometheus: the integration tests scrape the graph with a real one
-# (tests/support/prometheus.py). Installed once, from the Debian mirror.
+# (bench/harness/prometheus.py). Installed once, from the Debian mirror.
 prometheus:
 	command -v prometheus >/dev/null || { SUDO=$$(command -v sudo || true); \
 	  $$SUDO apt-get install -y -q --no-install-recommends prometheus || \

@@ -189,7 +189,7 @@ def write_doc(sources: Sources, out: Path) -> str:
     rel = os.path.relpath(grid, out.parent)
     parts = [
         "# Experiments: inline vs tiered text on this graph\n",
-        "The seed's TTFT/TPOT table (vLLM PR #58588, `../shared/seed/`) reproduced on the "
+        "The seed's TTFT/TPOT table (vLLM PR #58588) reproduced on the "
         "Ray Serve graph, with two more columns: **S**, the stateful streamed derender tier, "
         "and **I**, the same stream derenderer inline in the Generate replica. Written by "
         "`python -m bench.doc` from the results directories; no number here is typed in:\n",

@@ -49,6 +49,7 @@ from deployments.observability.metrics import configure_metrics
 from deployments.observability.tracing import Carrier
 from deployments.routing.block_keys import engine_keying, kv_events_config
 from deployments.routing.engine_blocks import (
+    KV_USE_KEY,
     ROUTING_STATS_KEY,
     EngineBlocks,
     EventSubscriber,
@@ -67,6 +68,7 @@ from deployments.transport.serve_internals import (
 from deployments.transport.step_channel import ChannelSource, Outboxes
 from deployments.vllm_adapter.engine_args import serve_namespace
 from deployments.vllm_adapter.engine_calls import EngineCalls
+from deployments.vllm_adapter.engine_load import kv_cache_use
 from deployments.vllm_adapter.engine_metrics import local_vllm_metrics
 from deployments.vllm_adapter.engine_start import (
     CoreClaim,
@@ -149,7 +151,9 @@ class Generate(ChannelSource):
         state = State()
         await init_app_state(self._engine, state, args, await self._engine.get_supported_tasks())
         state = checked_app_state(state, ENGINE_APP_STATE_NAMES)
-        self._calls = EngineCalls(self._engine, state.serving_tokens, self._replica)
+        self._calls = EngineCalls(
+            self._engine, state.serving_tokens, self._replica, state.openai_serving_completion
+        )
         text = TextOutput(state.online_derenderer, state.serving_derender)
         self._inline = InlineText(text)
         self._outboxes = Outboxes(self._replica)
@@ -283,6 +287,10 @@ class Generate(ChannelSource):
                 return self._calls.serve_tokens(request, call)
 
             try:
+                if job.beam_search:  # vLLM's completion server's, beside the engine
+                    with call.opening():
+                        yield await self._calls.serve_completion(job.completion_request, call)
+                    return
                 items = self._inline.items(job, resume, serve, call.opening)
                 async with contextlib.aclosing(items) as answered:
                     async for item in answered:
@@ -310,9 +318,12 @@ class Generate(ChannelSource):
         )
 
     def record_routing_stats(self) -> dict[str, Any]:
-        """Serve asks every ``stats_period_s``; its controller pushes the answer to the routers."""
+        """Serve asks every ``stats_period_s``; its controller pushes the answer to the
+        routers: the blocks the engine holds, and how full its KV cache is."""
         blocks = getattr(self, "_blocks", None)  # None too while the engine starts
-        return {} if blocks is None else {ROUTING_STATS_KEY: blocks.routing_stats()}
+        if blocks is None:
+            return {}
+        return {ROUTING_STATS_KEY: blocks.routing_stats(), KV_USE_KEY: kv_cache_use()}
 
     async def check_health(self) -> None:
         await self._engine.check_health()

@@ -34,12 +34,12 @@ from vllm.version import __version__ as VLLM_VERSION
 
 from deployments.config.graph_config import GraphConfig
 from deployments.edge.bodies import json_of
-from deployments.edge.errors import Refusal
+from deployments.edge.errors import Refusal, bad_request
 from deployments.edge.json_body import allow_deep_values
 from deployments.edge.replies import answers_ingress, reply_of
 from deployments.edge.validation import parse_body, validate
 from deployments.messages.replies import RenderedText
-from deployments.messages.tier import ParseContext, TextJob
+from deployments.messages.tier import ParseContext, TextJob, prompt_texts
 from deployments.observability.metrics import configure_metrics
 from deployments.observability.tracing import configure_tracing, request_carrier
 from deployments.scaling.cpu_load import CpuLoad
@@ -50,6 +50,8 @@ from deployments.vllm_adapter.internals import APP_STATE_NAMES, checked_app_stat
 from deployments.vllm_adapter.responses import ResponsesAdmission
 
 T = TypeVar("T")
+# vLLM's completion server's answer to a streamed beam search.
+STREAMED_BEAMS = "Streaming is not currently supported with beam search"
 # ``/tokenize`` takes a prompt or chat messages: vLLM's union of the two.
 _TOKENIZE = TypeAdapter(TokenizeRequest)
 
@@ -105,7 +107,17 @@ class Render:
         self._load.did(1)
         return _accepted(await self._state.serving_render.render_chat_request(request))
 
-    async def _completion(self, request: CompletionRequest) -> list[GenerateRequest]:
+    async def _completion(
+        self, request: CompletionRequest, *, served: bool = False
+    ) -> list[GenerateRequest]:
+        """``request`` rendered; ``served``: for ``/v1/completions``, where beam search
+        is vLLM's completion server's, beside the engine (its render server refuses it)."""
+        if served and request.use_beam_search:
+            # Checked here as vLLM's completion server checks it, and rendered as any
+            # request is (the server beside the engine renders it again).
+            if request.stream:
+                raise Refusal(bad_request(STREAMED_BEAMS))
+            request = request.model_copy(update={"use_beam_search": False})
         rendered = _accepted(await self._state.serving_render.render_completion_request(request))
         self._load.did(len(rendered))
         return rendered
@@ -132,7 +144,7 @@ class Render:
         """``/v1/completions``: as ``chat_text``; a list of prompts (strings or token-id
         lists) is one job, answered as vLLM answers the batch (``TextJob.batch``)."""
         request = parse_body(body, CompletionRequest, header_id)
-        rendered = await self._completion(request)
+        rendered = await self._completion(request, served=True)
         job = TextJob(
             generate_request=rendered[0],
             completion_request=request,
@@ -140,6 +152,7 @@ class Render:
             batch=rendered if len(rendered) > 1 else None,
             # vLLM's ids for a batch: ``cmpl-<id>-<i>`` per prompt, ``cmpl-<id>`` the answer's.
             response_id=f"cmpl-{request.request_id}" if len(rendered) > 1 else None,
+            echoed_prompts=prompt_texts(request) if request.echo else None,
         )
         return job.rendered(**self._parsers, trace=request_carrier())
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from deployments.config.haproxy_launcher import BINARY_SWITCH, LAUNCHER_NAME
 from deployments.config.serve_env import SERVE_ENV
 from deployments.config.topologies import TOPOLOGIES, app_config, gpu_topology_app, serve_config
 
@@ -41,7 +42,15 @@ SERVE_PORT = 8000
 # dashboard, with the cluster's token; nothing else outside the cluster needs it.
 OPERATOR_LABELS = {"app.kubernetes.io/name": "kuberay-operator"}
 DASHBOARD_PORT = 8265
+# k8s/monitoring's PodMonitors scrape Ray's metrics agent on every pod (KubeRay's
+# `metrics` port) from the Prometheus Operator's pods, in whatever namespace they run.
+METRICS_PORT = 8080
+PROMETHEUS_LABELS = {"app.kubernetes.io/name": "prometheus"}
 MODEL_CACHE = {"name": "model-cache", "mountPath": "/models"}
+# Where both images put the HAProxy launcher (k8s/Dockerfile, k8s/Dockerfile.cpu).
+IMAGE_LAUNCHER = f"/usr/local/bin/{LAUNCHER_NAME}"
+# The Serve switches as the images install them (a path switch names the image's path).
+POD_SWITCHES = {**SERVE_ENV, BINARY_SWITCH: IMAGE_LAUNCHER}
 ENV = [
     {"name": "HF_HOME", "value": "/models/hf-cache"},
     {
@@ -55,7 +64,7 @@ ENV = [
         "valueFrom": {"secretKeyRef": {"name": API_KEY_SECRET, "key": "api-key"}},
     },
     # Serve reads these as each Ray process starts: set on every pod.
-    *({"name": name, "value": value} for name, value in SERVE_ENV.items()),
+    *({"name": name, "value": value} for name, value in POD_SWITCHES.items()),
 ]
 
 
@@ -175,8 +184,9 @@ def rayservice() -> dict[str, Any]:
 
 def network_policy() -> dict[str, Any]:
     """Into the graph's pods: the Serve port from anywhere; the dashboard from the
-    KubeRay operator; everything from the graph's own pods (Ray's GCS, raylets,
-    object manager and Serve's gRPC between nodes); nothing else."""
+    KubeRay operator; Ray's metrics port from Prometheus (k8s/monitoring); everything
+    from the graph's own pods (Ray's GCS, raylets, object manager and Serve's gRPC
+    between nodes); nothing else."""
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -194,6 +204,15 @@ def network_policy() -> dict[str, Any]:
                         }
                     ],
                     "ports": [{"port": DASHBOARD_PORT, "protocol": "TCP"}],
+                },
+                {
+                    "from": [
+                        {
+                            "namespaceSelector": {},
+                            "podSelector": {"matchLabels": dict(PROMETHEUS_LABELS)},
+                        }
+                    ],
+                    "ports": [{"port": METRICS_PORT, "protocol": "TCP"}],
                 },
                 {"from": [{"podSelector": {"matchLabels": dict(POD_LABELS)}}]},
             ],

@@ -18,6 +18,9 @@ graph's CPU per token with tier text from 1.89× vLLM's own server to 1.33×.
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
+from pathlib import Path
+
+from deployments.config.haproxy_launcher import BINARY_SWITCH, LAUNCHER_NAME, launcher_path
 
 SERVE_ENV = {
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
@@ -84,7 +87,21 @@ SERVE_ENV = {
     # where the client sent none (Serve's own are predictable), and header values that
     # are not UTF-8 served rather than a 500.
     "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "deployments.edge.proxy_middleware:middlewares",
+    # HAProxy holds a request's headers in one buffer: at Serve's 16 KiB, a longer
+    # header block (a 15 KiB X-Request-Id) got HAProxy's own HTML 400 where vLLM's server
+    # serves it. 128 KiB lets through what vLLM's uvicorn serves (a 64 KiB id); a larger
+    # block still gets HAProxy's 400 with a body. Two such buffers per open stream,
+    # taken from HAProxy's pools as streams open.
+    "RAY_SERVE_HAPROXY_TUNE_BUFSIZE": str(128 * 2**10),
+    # Serve's HAProxy started by this install's `scaleout-haproxy`, which turns off the
+    # kernel splicing Serve's config asks for: with it, HAProxy lost 7-10 of 20 clients
+    # that closed before their answer, and their requests ran on to the last token
+    # (deployments/config/haproxy_launcher.py). A path of the install: `make run` and
+    # graph.py name this venv's script, the KubeRay images /usr/local/bin's.
+    BINARY_SWITCH: str(launcher_path()),
 }
+# Switches whose value is a path of the install: set wherever it names the same file.
+PATH_SWITCHES = {BINARY_SWITCH: LAUNCHER_NAME}
 
 # What a graph without them pays (issue 27's short-chat runs on a 2-core host,
 # docs/request-overhead.md, and the comments above): said in the warning the control
@@ -97,13 +114,22 @@ WITHOUT_THEM = (
     "5 s node reporter and self-metrics (0.6% of a core); bodies capped at "
     "2 MiB; Serve's predictable request "
     "ids; a 500 for a non-UTF-8 X-Request-Id; a crashed Generate replica's engine left "
-    "holding its cores"
+    "holding its cores; unary requests whose client went away run on to their last token "
+    "behind HAProxy"
 )
+
+
+def switch_is_set(name: str, value: str | None) -> bool:
+    """Whether ``value`` is the graph's for switch ``name`` (for a path switch: any path
+    to the same file name)."""
+    if name in PATH_SWITCHES:
+        return value is not None and Path(value).name == PATH_SWITCHES[name]
+    return value == SERVE_ENV[name]
 
 
 def missing_switches(env: Mapping[str, str]) -> dict[str, str | None]:
     """The switches ``env`` lacks or sets to another value: name → its value there."""
-    return {name: env.get(name) for name, value in SERVE_ENV.items() if env.get(name) != value}
+    return {name: env.get(name) for name in SERVE_ENV if not switch_is_set(name, env.get(name))}
 
 
 def set_missing_switches(env: MutableMapping[str, str]) -> list[str]:

@@ -67,7 +67,9 @@ class TextCalls:
         it; ``auto`` chooses by the hosts' load (``routing/text_placement.py``)."""
         headers = {}
         reason = "requested"  # by the header, or the graph's text_placement
-        if placement == "auto":
+        if rendered.beside_engine:
+            placement, reason = "inline", "beside_engine"
+        elif placement == "auto":
             self._auto_reader.touch()
             placement, headers[AUTO_REASON_HEADER] = self._auto.choose(rendered)
             reason = headers[AUTO_REASON_HEADER].split("=", 1)[0]

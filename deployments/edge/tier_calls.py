@@ -82,8 +82,7 @@ async def respond(
     started = time.perf_counter()
     while True:
         items = start(avoid)
-        if not await wait_routed(items, via):
-            _cancel(items)
+        if not await _routed(items, via):
             return to_http(no_live_replica(via.deployment_name))
         try:
             first, served_by = await _first_item(items)
@@ -178,8 +177,7 @@ async def call(response: Any, via: DeploymentHandle[Any]) -> Any:
     """The answer of a unary call made through ``via`` (a ``Reply``'s body, or a value
     that is not a reply); an error value it returned, or its failure, is raised as
     a ``Refusal``."""
-    if not await wait_routed(response, via):
-        _cancel(response)
+    if not await _routed(response, via):
         raise Refusal(no_live_replica(via.deployment_name))
     try:
         answer = await response
@@ -190,6 +188,20 @@ async def call(response: Any, via: DeploymentHandle[Any]) -> Any:
             raise Refusal(answer)
         return answer.body
     return answer
+
+
+async def _routed(items: Any, via: DeploymentHandle[Any]) -> bool:
+    """``wait_routed``, with the call cancelled unless a replica took it: none can
+    (False), or the wait itself was cancelled (the client went away, its handler
+    with it), which would otherwise leave the call to run on for nobody."""
+    try:
+        if await wait_routed(items, via):
+            return True
+    except BaseException:
+        _cancel(items)
+        raise
+    _cancel(items)
+    return False
 
 
 def failure_error(exc: Exception) -> Reply:

@@ -87,6 +87,9 @@ class RenderedText:
     trace: dict[str, str] | None = None
     """The request's trace context (W3C headers) the tier that makes its text runs
     under: the Ingress's span (``observability/tracing.py``); None when not traced."""
+    beside_engine: bool = False
+    """Its text can only be made next to the engine, whatever the placement: vLLM's
+    beam search calls the engine step by step, beam by beam."""
 
     def open(self) -> Any:
         """The ``TextJob`` (only a tier that imports vLLM may call this)."""

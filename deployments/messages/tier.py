@@ -46,6 +46,9 @@ class TextJob(BaseModel):
     response_id: str | None = None
     """A multi-prompt completion's id: vLLM names its prompts ``<id>-<i>`` and
     answers as ``<id>``."""
+    echoed_prompts: list[str] | None = None
+    """With ``echo``: each prompt's text as the client sent it, which vLLM's completion
+    server puts before each choice's text (``prompt_texts``)."""
     responses_request: ResponsesRequest | None = None
     """The original Responses request (``/v1/responses``). Set for Responses."""
     api: Literal["openai", "anthropic", "responses"] = "openai"
@@ -53,6 +56,12 @@ class TextJob(BaseModel):
     and its output converted as vLLM's Messages server converts it; ``responses``
     (``/v1/responses``) as vLLM's Responses server builds its answer from engine
     outputs."""
+
+    @property
+    def beam_search(self) -> bool:
+        """A completion with ``use_beam_search``: vLLM's completion server answers it
+        next to the engine (``EngineCalls.serve_completion``)."""
+        return bool(self.completion_request is not None and self.completion_request.use_beam_search)
 
     def rendered(
         self, *, reasoning_parser: bool, tool_parser: bool, trace: dict[str, str] | None = None
@@ -75,11 +84,25 @@ class TextJob(BaseModel):
             parsed=self.completion_request is None
             and (reasoning_parser or (tool_parser and self._offers_tools())),
             trace=trace,
+            beside_engine=self.beam_search,
         )
 
     def _offers_tools(self) -> bool:
         chat = self.chat_request or self.responses_request
         return bool(chat is not None and chat.tools and chat.tool_choice != "none")
+
+
+def prompt_texts(request: CompletionRequest) -> list[str] | None:
+    """The text of each prompt of a completion request as vLLM's server echoes it (the
+    text the client sent); None for prompts of token ids, which vLLM's server does not
+    echo as text."""
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        texts = [p for p in prompt if isinstance(p, str)]
+        return texts if len(texts) == len(prompt) else None
+    return None
 
 
 def prompt_key(key: str, prompt: int) -> str:

@@ -25,6 +25,8 @@ from deployments.routing.block_keys import BlockEvents, BlockKeying, decode_even
 logger = logging.getLogger("ray.serve")
 
 ROUTING_STATS_KEY = "kv_blocks"
+# The fraction of the engine's KV cache in use at its last step (vllm_adapter/engine_load.py).
+KV_USE_KEY = "kv_cache_use"
 
 
 def events_endpoint(replica: str) -> str:

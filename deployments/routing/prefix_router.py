@@ -15,13 +15,21 @@ replica is chosen, so the router names the request's blocks as vLLM does
   report does.
 
 Rule, per call: ``match`` = leading blocks of the prompt each candidate
-holds. If the best match beats the worst by less than ``min_match_ratio`` of
-the prompt's blocks (a first turn, a prompt sharing only a template's first
-block), the call is routed as Serve routes by default (power of two
-choices). Otherwise the best-matching replicas come first, unless their
-queue is longer than the shortest by more than ``imbalance`` requests, which
-also falls back to power of two. Serve then picks the shortest queue in the
-first rank that has room, and falls through to the next rank if none has.
+holds. If the best match beats the worst by at least ``min_match_ratio`` of the
+prompt's blocks, the best-matching replicas come first, unless their queue is
+longer than the shortest by more than ``imbalance`` requests; Serve picks the
+shortest queue among them, and falls through to the next rank if none has room.
+
+Otherwise no replica holds the prompt (a first turn, a prompt sharing only a
+template's first block, one the router cannot key): it goes where there is
+room (``room_order``), one replica a rank: the shortest queue, then the
+emptiest KV cache (as its engine last reported it, in steps of
+``KV_USE_STEP``), then the replica this router sent a call to least recently,
+ties at random. Not Serve's power of two: among the replicas it probes, Serve
+takes one whose queue length it holds from a recent call over one it would have
+to probe, so at low load, with every queue equal, the replica that served last
+serves next, and new conversations piled onto one replica (issue 65: all 32
+turns of 8 conversations in one run of two).
 
 Pinned calls (step channels) go where they name, and replicas a call asks to
 avoid are left out, as in ``PinnedRouter``. A
@@ -31,6 +39,7 @@ a new one starts with nothing.
 
 from __future__ import annotations
 
+import random
 import time
 from array import array
 from collections import OrderedDict
@@ -42,7 +51,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RunningReplica
 from deployments.messages.replies import RenderedText
 from deployments.observability.metrics import graph_metrics
 from deployments.routing.block_keys import BlockKeying
-from deployments.routing.engine_blocks import ROUTING_STATS_KEY
+from deployments.routing.engine_blocks import KV_USE_KEY, ROUTING_STATS_KEY
 from deployments.routing.pinned_router import PinnedRouter, without_avoided
 
 R = TypeVar("R")
@@ -50,6 +59,9 @@ R = TypeVar("R")
 _PENDING_KEYS_MAX = 4096
 # Blocks this router routed, per replica, that it remembers until the engine reports.
 _SENT_BLOCKS_MAX = 65536
+# KV cache use closer than this (a fraction of the cache) is a tie: at low load, what
+# an engine's last step left counted says nothing of where there is room.
+KV_USE_STEP = 0.05
 
 
 class _Held:
@@ -83,18 +95,24 @@ class PrefixRouter(PinnedRouter):
         self._last_keying: BlockKeying | None = None
         self._sent: dict[ReplicaID, OrderedDict[int, float]] = {}
         self._pending_keys: OrderedDict[str, list[int]] = OrderedDict()
+        self._kv_use: dict[ReplicaID, float] = {}
+        self._last_sent: dict[ReplicaID, float] = {}
+        self._rng = random.Random()
 
     async def choose_replicas(
         self,
         candidate_replicas: list[RunningReplica],
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
-        default = await super().choose_replicas(candidate_replicas, pending_request)
         if pending_request is None or pending_request.kwargs.get("replica") is not None:
-            return default
+            return await super().choose_replicas(candidate_replicas, pending_request)
         candidate_replicas = without_avoided(candidate_replicas, pending_request)
         ranked = self._by_prefix(candidate_replicas, pending_request)
-        return [ranked, *default] if ranked else default
+        if len(candidate_replicas) < 2:
+            return [candidate_replicas]
+        # Where the best match has no room, the call goes where there is most.
+        by_room = [[replica] for replica in self._by_room(candidate_replicas)]
+        return [ranked, *by_room] if ranked else by_room
 
     def _by_prefix(
         self, candidates: list[RunningReplica], pending: PendingRequest
@@ -131,9 +149,21 @@ class PrefixRouter(PinnedRouter):
         routing.inc(tags={"outcome": "prefix" if chosen else "no_match"})
         return chosen
 
+    def _by_room(self, candidates: list[RunningReplica]) -> list[RunningReplica]:
+        """Every candidate, where there is most room first (``room_order``)."""
+        return room_order(
+            candidates,
+            {r: self._queue_len(r) for r in candidates},
+            {r: self._kv_use.get(r.replica_id, 0.0) for r in candidates},
+            {r: self._last_sent.get(r.replica_id, 0.0) for r in candidates},
+            self._rng,
+        )
+
     def on_request_routed(
         self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
     ) -> None:
+        if pending_request.kwargs.get("replica") is None:  # a request, not a channel's call
+            self._last_sent[replica_id] = time.monotonic()
         keys = self._pending_keys.pop(pending_request.metadata.internal_request_id, None)
         if not keys:
             return
@@ -150,9 +180,15 @@ class PrefixRouter(PinnedRouter):
         live = {r.replica_id for r in replicas}
         for gone in [r for r in self._held if r not in live]:
             del self._held[gone]
-        for gone in [r for r in self._sent if r not in live]:
-            del self._sent[gone]
+        for table in (self._sent, self._kv_use, self._last_sent):
+            for gone in [r for r in table if r not in live]:
+                del table[gone]
         for r in replicas:
+            kv_use = (r.routing_stats or {}).get(KV_USE_KEY)
+            if isinstance(kv_use, float):
+                self._kv_use[r.replica_id] = kv_use
+            else:
+                self._kv_use.pop(r.replica_id, None)
             stats = (r.routing_stats or {}).get(ROUTING_STATS_KEY)
             if stats is None:
                 continue
@@ -168,8 +204,8 @@ class PrefixRouter(PinnedRouter):
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
-        self._held.pop(replica_id, None)
-        self._sent.pop(replica_id, None)
+        for table in (self._held, self._sent, self._kv_use, self._last_sent):
+            table.pop(replica_id, None)
 
     def _keying(self, candidates: list[RunningReplica]) -> BlockKeying | None:
         reported = {
@@ -230,6 +266,25 @@ def prefix_choice(
         return []
     least = min(loads.values())
     return [r for r, held in match.items() if held == best and loads[r] - least <= imbalance]
+
+
+def room_order(
+    candidates: list[R],
+    loads: dict[R, int],
+    kv_use: dict[R, float],
+    last_sent: dict[R, float],
+    rng: random.Random,
+) -> list[R]:
+    """``candidates``, where there is most room first: the shortest queue (``loads``),
+    then the emptiest KV cache (``kv_use``, in steps of ``KV_USE_STEP``), then the one
+    sent a call longest ago (``last_sent``, a clock reading; 0 for never); ties at random.
+
+    The last two make new conversations alternate over idle replicas, each new prefix
+    going to the replica that took none for longest, rather than piling onto one.
+    """
+    shuffled = list(candidates)
+    rng.shuffle(shuffled)  # sorted() is stable: exact ties stay in this random order
+    return sorted(shuffled, key=lambda r: (loads[r], int(kv_use[r] / KV_USE_STEP), last_sent[r]))
 
 
 def _prompt(pending: PendingRequest) -> tuple[list[int], str | None] | None:

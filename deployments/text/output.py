@@ -43,6 +43,7 @@ from vllm.utils.async_utils import merge_async_iterators
 from deployments.messages.replies import Reply
 from deployments.messages.tier import TextJob
 from deployments.text.chat_choice import GeneratedChoice, chat_choice
+from deployments.text.echo import with_echo
 from deployments.text.reasoning_count import ReasoningCounter
 from deployments.text.responses_output import ResponsesOutput
 from deployments.text.sse import DONE, PayloadTap, sse_data, sse_event, sse_stream_payloads
@@ -204,11 +205,16 @@ class TextOutput:
             )
         )
         if isinstance(completion, CompletionResponse):
-            include = job.completion_request.include_stop_str_in_output
+            request = job.completion_request
+            include = request.include_stop_str_in_output
+            n = request.n or 1
             for choice in completion.choices:
                 if ended_on_stop_string(choice.finish_reason, choice.stop_reason, include):
                     assert isinstance(choice.stop_reason, str)
                     choice.text = cut_at_stop(choice.text, choice.stop_reason)
+                if job.echoed_prompts is not None:  # choices run prompt by prompt, n each
+                    echoed = job.echoed_prompts[choice.index // n]
+                    choice.text = with_echo(request, echoed, choice.text)
         return completion
 
     def _unary_chat(
@@ -282,9 +288,14 @@ class TextOutput:
         assert request is not None and job.batch is not None
         n = request.n or 1
         response_id = job.response_id or job.generate_request.request_id
+        echoed: list[str | None] = (
+            list(job.echoed_prompts) if job.echoed_prompts else [None] * len(job.batch)
+        )
         feeders = [
-            CompletionStreamDerenderer(self._derenderer, request, prompt.token_ids, job.model_name)
-            for prompt in job.batch
+            CompletionStreamDerenderer(
+                self._derenderer, request, prompt.token_ids, job.model_name, echo
+            )
+            for prompt, echo in zip(job.batch, echoed, strict=True)
         ]
         prompt_tokens = completion_tokens = 0
         usage_seen = False
@@ -345,8 +356,13 @@ class TextOutput:
             )
         else:
             assert job.completion_request is not None
+            echoed = job.echoed_prompts
             feeder = CompletionStreamDerenderer(
-                self._derenderer, job.completion_request, prompt, job.model_name
+                self._derenderer,
+                job.completion_request,
+                prompt,
+                job.model_name,
+                None if echoed is None else echoed[0],
             )
         response_id = job.generate_request.request_id
         to_open = feeder if role_chunk and isinstance(feeder, ChatStreamDerenderer) else None

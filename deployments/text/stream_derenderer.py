@@ -45,6 +45,7 @@ from vllm.entrypoints.serve.utils.tool_calls_utils import maybe_filter_parallel_
 from vllm.parser import Parser
 from vllm.renderers.online_derenderer import OnlineDerenderer
 
+from deployments.text.echo import with_echo
 from deployments.text.reasoning_count import ReasoningCounter
 from deployments.text.stop_strings import StopStringHoldback, ended_on_stop_token
 from deployments.vllm_adapter.internals import (
@@ -340,11 +341,16 @@ class CompletionStreamDerenderer:
         completion_request: CompletionRequest,
         prompt_token_ids: list[int],
         model_name: str,
+        echo: str | None = None,
     ) -> None:
+        """``echo``: the prompt's text, which each choice's first chunk starts with
+        (``completion_request.echo``; ``text/echo.py``)."""
         self._derenderer = derenderer
         self._request = completion_request
         self._prompt_token_ids = prompt_token_ids
         self._model_name = model_name
+        self._echo = echo
+        self._echoed: set[int] = set()
         self._states: dict[int, DerenderStreamState | None] = {}
         self._holdbacks: dict[int, StopStringHoldback] = {}
 
@@ -368,4 +374,7 @@ class CompletionStreamDerenderer:
                 ),
             )
             choice.text = holdback.push(choice.text, choice.finish_reason, choice.stop_reason)
+            if self._echo is not None and choice.index not in self._echoed:
+                self._echoed.add(choice.index)
+                choice.text = with_echo(self._request, self._echo, choice.text)
         return out

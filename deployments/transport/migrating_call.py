@@ -51,7 +51,12 @@ class MigratingCall:
         response, self._first = self._first, None
         if response is None:  # a move
             response = self.handle_response = self._call(body, avoid)
-            if not await wait_routed(response, self._via, self._patience_s):
+            try:
+                routed = await wait_routed(response, self._via, self._patience_s)
+            except BaseException:  # cancelled while it waits: the client went away
+                response.cancel()
+                raise
+            if not routed:
                 response.cancel()
                 raise NoReplicaToMoveToError("no Generate replica is running to move to")
         try:

@@ -16,11 +16,13 @@ import logging
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from vllm.entrypoints.openai.completion.protocol import CompletionRequest, CompletionResponse
 from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
     GenerateRequest,
     GenerateResponseBase,
 )
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
 
 from deployments.messages.tier import text_call_key
 from deployments.observability.metrics import Gaps
@@ -35,9 +37,12 @@ _ERROR_EVENT = 'data: {"error"'
 class EngineCalls:
     """The calls in flight on one engine, served by vLLM's ``ServingTokens``."""
 
-    def __init__(self, engine: Any, serving_tokens: Any, replica: str) -> None:
+    def __init__(
+        self, engine: Any, serving_tokens: Any, replica: str, serving_completion: Any = None
+    ) -> None:
         self._engine = engine
         self._serving_tokens = serving_tokens
+        self._serving_completion = serving_completion
         self._replica = replica
         # The bound calls in flight, by their caller's key: a caller that died (a
         # Derender replica) cannot cancel them, so the Ingress ends them by key.
@@ -124,6 +129,32 @@ class EngineCalls:
         if isinstance(result, (ErrorResponse, GenerateResponseBase)):
             return result
         return self._engine_events(result, call.movable)
+
+    async def serve_completion(
+        self, request: CompletionRequest, call: EngineCall
+    ) -> CompletionResponse | ErrorResponse:
+        """vLLM's own completion server's unary answer, for what only it serves beside
+        the engine: beam search (``BeamSearchOnlineMixin``), which runs the engine a
+        step at a time for each beam. Inside ``call.opening`` every engine request it
+        makes is the call's, and ends with it. Failures as ``serve_tokens``'."""
+        self._raise_if_left(call)
+        if self._serving_completion is None:
+            return create_error_response("this engine serves no completions")
+        try:
+            result = await self._serving_completion.create_completion(request)
+        except asyncio.CancelledError:
+            self._raise_if_left(call)
+            raise
+        except Exception as exc:
+            self._raise_if_engine_lost(exc)
+            raise
+        if isinstance(result, ErrorResponse):
+            self._raise_if_engine_lost()
+            self._raise_if_left(call)
+        if not isinstance(result, (CompletionResponse, ErrorResponse)):
+            # A stream: the request asked for one, which beam search refuses first.
+            raise TypeError(f"vLLM answered a unary completion with {type(result).__name__}")
+        return result
 
     async def _engine_events(
         self, events: AsyncGenerator[str, None], movable: bool

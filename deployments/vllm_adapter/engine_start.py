@@ -24,6 +24,8 @@ async def start_vllm_engine(args: argparse.Namespace) -> Any:
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    from deployments.vllm_adapter.engine_load import KvCacheUse
+
     engine_args = AsyncEngineArgs.from_cli_args(args)
     vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     return AsyncLLM.from_vllm_config(
@@ -31,6 +33,9 @@ async def start_vllm_engine(args: argparse.Namespace) -> Any:
         usage_context=UsageContext.OPENAI_API_SERVER,
         enable_log_requests=engine_args.enable_log_requests,
         disable_log_stats=engine_args.disable_log_stats,
+        # The routers' KV cache reading; a custom logger would turn stats on where the
+        # engine runs without them, so it rides only with them.
+        stat_loggers=None if engine_args.disable_log_stats else [KvCacheUse],
     )
 
 

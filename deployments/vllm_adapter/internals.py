@@ -116,8 +116,9 @@ APP_STATE_NAMES = (
     "online_derenderer",
 )
 """What ``init_app_state`` and ``init_render_app_state`` both set on the app state."""
-ENGINE_APP_STATE_NAMES = (*APP_STATE_NAMES, "serving_tokens")
-"""… and what only ``init_app_state`` (with an engine) adds."""
+ENGINE_APP_STATE_NAMES = (*APP_STATE_NAMES, "serving_tokens", "openai_serving_completion")
+"""… and what only ``init_app_state`` (with an engine) adds: the token server, and the
+completion server that answers beam search (``EngineCalls.serve_completion``)."""
 
 
 def checked_app_state(state: Any, names: Sequence[str]) -> Any:

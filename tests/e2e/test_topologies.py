@@ -32,6 +32,7 @@ from bench.harness.servers import TINY_MODEL
 from bench.topology import CONFIGS, Overrides, running_topologies
 from deployments.config.serve_env import SERVE_ENV
 from deployments.config.topologies import serve_config
+from tests.support.leaving_clients import leave_once_running, wait_idle
 
 MODEL = str(TINY_MODEL)
 HI = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
@@ -174,8 +175,12 @@ SHARED_CPUS = {
     # and the others share the first (each its deployment's rank 0).
     "generate.cpu_cores": "off",
 }
+# Lets a test pace its own requests' engine steps (bench/harness/paced_decode.py);
+# requests that do not ask are untouched.
+PACED = {"logits_processors": ["bench.harness.paced_decode:PacedDecode"]}
 SIDE_BY_SIDE_OVERRIDES = Overrides(
-    kv_cache_gib=EAGER_SMALL_CACHE.kv_cache_gib, args={**EAGER_SMALL_CACHE.args, **SHARED_CPUS}
+    kv_cache_gib=EAGER_SMALL_CACHE.kv_cache_gib,
+    args={**EAGER_SMALL_CACHE.args, **SHARED_CPUS, **PACED},
 )
 
 
@@ -200,3 +205,24 @@ def test_topology_serves_without_the_serve_switches_and_says_what_it_lacks(
     warnings = missing_switch_warnings(log, topologies[0].lower())
     assert len(warnings) == 1, warnings
     assert all(f"{name}={value} (here: None)" in warnings[0] for name, value in SERVE_ENV.items())
+
+
+@pytest.mark.parametrize("topology", ["I", "S"])
+def test_a_unary_request_whose_client_leaves_is_freed_behind_serves_own_proxy(
+    topology: str, side_by_side: tuple[dict[str, str], Path]
+) -> None:
+    """Without the switches, Serve's Python proxy carries the requests (no HAProxy): it
+    cancels a request whose client went away, and the Ingress's cancelled call frees
+    the engine, inline (I) and on the tier (S). The integration suite checks the same
+    behind HAProxy, on every route."""
+    urls, _ = side_by_side
+    (group,) = [g for g in GROUPS if topology in g]
+    base = urls[group[0]]  # the application of the group's graph
+    body = {
+        **HI,
+        "max_tokens": 1000,
+        "ignore_eos": True,
+        "vllm_xargs": {"pace_ms": 50},  # 50 s of decode, were it not freed
+    }
+    leave_once_running(base, "/v1/chat/completions", body, {}, clients=3, engine_requests=3)
+    wait_idle(base, within_s=5.0)

@@ -18,6 +18,7 @@ from bench.harness.sse_reader import Stream
 from bench.metrics import running_requests as parse_running_requests
 from tests.integration.conftest import API_KEY, AUTH, MODEL, TOKENS_ONLY_PREFIX
 from tests.integration.test_skeleton import rendered, sse_payloads
+from tests.support.leaving_clients import leave_once_running
 
 # Streams that are still running when the test acts on them, on any host: paced
 # (bench/harness/paced_decode.py), each lasts at least LONG × LONG_PACE_MS (80 s).
@@ -95,6 +96,73 @@ def test_disconnect_frees_the_engine(client: httpx.Client, kind: str) -> None:
     # Leaving the block closes the connection mid-stream; unfreed, the paced
     # request would run for another minute.
     wait_idle(client, within_s=HANG_GUARD_S)
+
+
+# The tiny model ends a Messages answer after ~16 tokens: each step held this long, it
+# still lasts far beyond the wait below, as LONG's requests do.
+MESSAGES_PACE_MS = 3000
+UNARY_CLIENTS = 6
+# Issue 65's bound: the engines idle within this long of the last client leaving.
+UNARY_FREED_WITHIN_S = 5.0
+
+
+def long_unary(kind: str, client: httpx.Client) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """(path, body, headers) of a long unary request of one kind (route, placement)."""
+    pace = {"pace_ms": LONG_PACE_MS}
+    chat = {k: v for k, v in long_chat("hi", LONG, LONG_PACE_MS).items() if k != "stream_options"}
+    chat["stream"] = False
+    route, _, placement = kind.partition("-")
+    headers = {"X-Text-Placement": placement} if placement else {}
+    if route == "chat":
+        return "/v1/chat/completions", chat, headers
+    if route == "completions":
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": LONG, "ignore_eos": True}
+        return "/v1/completions", {**body, "vllm_xargs": pace}, headers
+    if route == "batch":
+        body = {"model": MODEL, "prompt": ["hi", "ho"], "max_tokens": LONG, "ignore_eos": True}
+        return "/v1/completions", {**body, "vllm_xargs": pace}, headers
+    if route == "responses":
+        body = {"model": MODEL, "input": "hi", "max_output_tokens": LONG, "ignore_eos": True}
+        return "/v1/responses", {**body, "vllm_xargs": pace}, headers
+    if route == "messages":
+        body = {"model": MODEL, "max_tokens": LONG, "messages": [{"role": "user", "content": "hi"}]}
+        return "/v1/messages", {**body, "vllm_xargs": {"pace_ms": MESSAGES_PACE_MS}}, headers
+    path, request, _ = long_body(route, client)
+    request.update(stream=False)
+    request.pop("stream_options")
+    return path, request, headers
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "chat-inline", "chat-tier", "completions-inline", "completions-tier", "batch-inline",
+        "batch-tier", "responses-inline", "responses-tier", "messages-inline", "messages-tier",
+        "tokens", "text", "derender",
+    ],
+)  # fmt: skip
+def test_a_unary_request_whose_client_leaves_frees_its_engine_slot(
+    client: httpx.Client, kind: str
+) -> None:
+    """vLLM's server cancels a unary handler when its client goes away
+    (``with_cancellation``). Here the clients close their connections while the engine
+    runs their requests; before HAProxy ran without splicing (``scaleout-haproxy``),
+    it did not pass on 7-10 of 20 such closes, and those requests ran to their last
+    token."""
+    path, body, headers = long_unary(kind, client)
+    # Inline, a batch's prompts run at once; on the tier, a unary batch's prompts run in
+    # turn (derender.py), one engine request at a time.
+    engine_requests = UNARY_CLIENTS * (2 if kind == "batch-inline" else 1)
+    leave_once_running(
+        str(client.base_url),
+        path,
+        body,
+        headers,
+        clients=UNARY_CLIENTS,
+        engine_requests=engine_requests,
+        within_s=HANG_GUARD_S,
+    )
+    wait_idle(client, within_s=UNARY_FREED_WITHIN_S)
 
 
 def protected_routes() -> list[tuple[str, str]]:

@@ -152,3 +152,33 @@ def test_a_body_sent_as_another_media_type_is_answered_as_vllm_answers_it(
                 assert got.json() == want.json(), path
     # Only application/json (with parameters) passes vLLM's check.
     assert got_any_refusal == (media_type is None or not media_type.startswith("application/json"))
+
+
+LONG_ID_BYTES = 64 << 10
+"""An ``X-Request-Id`` as long as issue 65's: vLLM's server (uvicorn) serves it."""
+HEADER_BLOCK_BYTES = 1 << 20
+"""Beyond what either edge takes in one request's headers."""
+
+
+def test_a_64_kib_request_id_is_served_as_vllm_serves_it(
+    vllm_server: Server, client: httpx.Client
+) -> None:
+    """Behind Serve's HAProxy at its 16 KiB buffer, such a request got HAProxy's HTML 400
+    (and, seen in issue 65's runs, sometimes no answer at all)."""
+    headers = {"X-Request-Id": "r" * LONG_ID_BYTES}
+    with httpx.Client(base_url=vllm_server.base_url, timeout=120) as reference:
+        want = reference.post("/v1/chat/completions", json=_chat(), headers=headers)
+    for _ in range(5):
+        got = client.post("/v1/chat/completions", json=_chat(), headers=headers)
+        assert got.status_code == want.status_code == 200, (got.status_code, got.text[:200])
+        assert got.json()["id"] == want.json()["id"] == f"chatcmpl-{'r' * LONG_ID_BYTES}"
+
+
+def test_a_header_block_too_large_for_the_edge_gets_an_answer_with_a_body(
+    client: httpx.Client,
+) -> None:
+    """Never a dropped connection: a 4xx with a body, every time."""
+    headers = {"X-Request-Id": "r" * HEADER_BLOCK_BYTES}
+    for _ in range(5):
+        got = client.post("/v1/chat/completions", json=_chat(), headers=headers)
+        assert 400 <= got.status_code < 500 and got.content, (got.status_code, got.text[:200])

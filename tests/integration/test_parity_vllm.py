@@ -338,6 +338,7 @@ COMPLETION_SHAPES = {
     "plain": completion("What is the weather in Paris?"),
     "logprobs": completion("What is the capital of Italy?", logprobs=2),
     "stop-string": completion("What is the capital of Italy?", stop=["Rome"]),
+    "echo": completion("What is the capital of Italy?", echo=True),
 }
 
 
@@ -664,6 +665,8 @@ BATCHES = {
     "token-id prompts": completion([[1, 2, 3, 4], [5, 6, 7]], max_tokens=12),
     "n=2 seeded": completion(["hi", "The capital of"], n=2, temperature=1.0, seed=7, max_tokens=8),
     "stop string": completion(["What is the capital of Italy?", "hi"], stop=["Rome"]),
+    "echo": completion(["What is the capital of Italy?", "hi"], echo=True, max_tokens=8),
+    "echo n=2": completion(["hi", "The capital of"], echo=True, n=2, seed=3, temperature=1.0),
 }
 
 
@@ -714,3 +717,35 @@ def test_a_batch_of_prompts_is_answered_as_vllm_answers_it(
         for stream, sent in ((False, body), (True, stream_body)):
             got = batch_result(client.post("/v1/completions", json=sent, headers=headers), stream)
             assert got == want[stream], (placement, stream)
+
+
+# Two beams; vLLM takes n > 1 only with a temperature above 0 (beams score by logprob).
+BEAM = {"use_beam_search": True, "n": 2, "max_tokens": 8, "temperature": 1.0}
+BEAMS = {
+    "one prompt": completion("The capital of", **BEAM),
+    "two prompts": completion(["hi", "The capital of"], **BEAM),
+}
+
+
+@pytest.mark.parametrize("shape", list(BEAMS))
+def test_beam_search_completions_are_answered_as_vllm_answers_them(
+    vllm_server: Server, client: httpx.Client, shape: str
+) -> None:
+    """vLLM's render server refuses beam search; its completion server runs it, beside
+    the engine, so the graph makes its text there in either placement. Streamed, both
+    refuse it alike."""
+    body = {**BEAMS[shape], "request_id": f"beams-{shape.replace(' ', '-')}"}
+    with httpx.Client(base_url=vllm_server.base_url, timeout=120) as reference:
+        want = batch_result(reference.post("/v1/completions", json=body), False)
+        refused = reference.post("/v1/completions", json={**body, "stream": True})
+    prompts = 1 if isinstance(body["prompt"], str) else len(body["prompt"])
+    assert list(want["choices"]) == list(range(prompts * 2))
+    # Two beams of one prompt differ: the shape tests beams, not one sample twice.
+    assert want["choices"][0]["text"] != want["choices"][1]["text"], want
+    for placement in ("inline", "tier"):
+        headers = {"X-Text-Placement": placement}
+        got = client.post("/v1/completions", json=body, headers=headers)
+        assert batch_result(got, False) == want, placement
+        assert got.headers["X-Text-Placement"] == "inline"
+        streamed = client.post("/v1/completions", json={**body, "stream": True}, headers=headers)
+        assert (streamed.status_code, streamed.json()) == (refused.status_code, refused.json())

@@ -68,3 +68,28 @@ def test_turns_of_a_conversation_stay_on_one_replica_and_conversations_spread(
         assert len(set(conversation.served_by)) == 1, conversation.served_by
     used = {c.served_by[0] for c in conversations}
     assert len(used) == 2, f"eight conversations at once all went to {used}"
+
+
+def test_new_conversations_one_at_a_time_spread_over_idle_replicas(client: httpx.Client) -> None:
+    """Issue 65's case: eight conversations, each over a 500-word system prompt of its
+    own, four turns each, turns interleaved, one request at a time. With Serve's power
+    of two, the replica whose queue Serve had just read took the first turns (in one
+    run of two all 32 requests went to one replica); a prompt no replica holds now
+    goes where there is room, the replica that was sent nothing for longest first
+    among equals."""
+    conversations = [Conversation(seed, words=500) for seed in range(2000, 2008)]
+    for _ in range(4):
+        for conversation in conversations:
+            reply = conversation.turn(client)
+            assert reply.status_code == 200, reply.text
+    for conversation in conversations:
+        assert len(set(conversation.served_by)) == 1, conversation.served_by
+    homes = [c.served_by[0] for c in conversations]
+    assert len(set(homes)) == 2 and min(homes.count(h) for h in set(homes)) >= 2, homes
+    # Unrelated single requests, one at a time, spread as well.
+    singles = [Conversation(seed, words=500) for seed in range(2100, 2106)]
+    served = []
+    for single in singles:
+        assert single.turn(client).status_code == 200
+        served.append(single.served_by[0])
+    assert len(set(served)) == 2 and min(served.count(s) for s in set(served)) >= 2, served

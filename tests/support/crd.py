@@ -17,8 +17,8 @@ from typing import Any
 import jsonschema
 import yaml
 
-# shared/ lies beside the checkout (the workplace's layout, CI's too).
-KUBERAY = Path(__file__).resolve().parents[2].parent / "shared" / "kuberay" / "v1.7.0"
+# KubeRay's own CRDs and samples, vendored with their source (kuberay/README.md).
+KUBERAY = Path(__file__).resolve().parent / "kuberay" / "v1.7.0"
 UPGRADE_TYPES = {"NewCluster", "NewClusterWithIncrementalUpgrade", "None"}
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 

@@ -2,34 +2,64 @@
 
 from __future__ import annotations
 
+import os
 import re
+import sys
+from pathlib import Path
 
-import yaml
-
+from bench.harness.kustomize import kustomize
 from bench.harness.servers import REPO
+from deployments.config.haproxy_launcher import BINARY_SWITCH
 from deployments.config.serve_env import (
     SERVE_ENV,
     missing_switches,
     set_missing_switches,
+    switch_is_set,
     switches_warning,
 )
 
-EXPORT = re.compile(r"^export ((?:RAY_|REPORTER_|METRICS_)\w+) \?= (\S+)$", re.MULTILINE)
+EXPORT = re.compile(r"^export ((?:RAY_|REPORTER_|METRICS_)\w+) \?= (.+)$", re.MULTILINE)
 
 
 def test_make_run_exports_the_serve_switches() -> None:
     exported = dict(EXPORT.findall((REPO / "Makefile").read_text()))
-    assert exported == SERVE_ENV
+    assert set(exported) == set(SERVE_ENV)
+    assert missing_switches(exported) == {}
+    # The launcher in the venv `make` installs, whichever folder VENV names.
+    assert exported[BINARY_SWITCH] == "$(abspath $(VENV))/bin/scaleout-haproxy"
 
 
 def test_every_kuberay_pod_sets_the_serve_switches() -> None:
-    service = yaml.safe_load((REPO / "k8s/base/rayservice.yaml").read_text())
-    cluster = service["spec"]["rayClusterConfig"]
-    pods = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
-    for pod in pods:
-        for container in pod["template"]["spec"]["containers"]:
-            env = {e["name"]: e.get("value") for e in container["env"]}
-            assert {k: env.get(k) for k in SERVE_ENV} == SERVE_ENV, container["name"]
+    folders = [REPO / "k8s/base", *sorted((REPO / "k8s/overlays").iterdir())]
+    for folder in folders:
+        (service,) = [d for d in kustomize(folder) if d["kind"] == "RayService"]
+        cluster = service["spec"]["rayClusterConfig"]
+        for pod in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+            for container in pod["template"]["spec"]["containers"]:
+                env = {e["name"]: e.get("value") for e in container["env"]}
+                assert missing_switches(env) == {}, (folder.name, container["name"])
+                assert env[BINARY_SWITCH] == "/usr/local/bin/scaleout-haproxy"
+
+
+def test_both_images_put_the_launcher_where_the_pods_name_it() -> None:
+    for dockerfile in ("k8s/Dockerfile", "k8s/Dockerfile.cpu"):
+        text = (REPO / dockerfile).read_text()
+        assert "ln -s" in text and " /usr/local/bin/scaleout-haproxy" in text, dockerfile
+
+
+def test_a_path_switch_is_set_by_any_path_to_its_file() -> None:
+    env = {**SERVE_ENV, BINARY_SWITCH: "/opt/venv/bin/scaleout-haproxy"}
+    assert missing_switches(env) == {}
+    env[BINARY_SWITCH] = "/usr/sbin/haproxy"
+    assert missing_switches(env) == {BINARY_SWITCH: "/usr/sbin/haproxy"}
+    assert not switch_is_set(BINARY_SWITCH, None)
+
+
+def test_the_launcher_switch_names_this_interpreters_console_script() -> None:
+    # pip installed it with the project (pyproject.toml's [project.scripts]).
+    path = Path(SERVE_ENV[BINARY_SWITCH])
+    assert path == Path(sys.executable).parent / "scaleout-haproxy"
+    assert path.is_file() and os.access(path, os.X_OK)
 
 
 def test_missing_switches_names_those_unset_or_set_otherwise() -> None:

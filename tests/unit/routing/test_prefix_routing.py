@@ -8,6 +8,7 @@ two-replica graph in ``tests/integration/test_prefix_routing.py``.
 from __future__ import annotations
 
 import asyncio
+import random
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,9 +25,15 @@ from deployments.routing.block_keys import (
     engine_keying,
     event_key,
 )
-from deployments.routing.engine_blocks import ROUTING_STATS_KEY, EngineBlocks
+from deployments.routing.engine_blocks import KV_USE_KEY, ROUTING_STATS_KEY, EngineBlocks
 from deployments.routing.pinned_router import avoiding
-from deployments.routing.prefix_router import PrefixRouter, _Held, common_keying, prefix_choice
+from deployments.routing.prefix_router import (
+    PrefixRouter,
+    _Held,
+    common_keying,
+    prefix_choice,
+    room_order,
+)
 
 KEYING = BlockKeying(block_size=4, hash_algo="sha256", seed="vllm-none-hash")
 
@@ -214,3 +221,88 @@ def test_a_turn_routed_while_the_router_knew_one_replica_is_remembered_unless_av
     ranks, moved = asyncio.run(scenario())
     assert [r.replica_id.unique_id for r in ranks[0]] == ["old"], ranks
     assert {r.replica_id.unique_id for rank in moved for r in rank} == {"new"}, moved
+
+
+def _order(
+    loads: dict[str, int], kv: dict[str, float], last: dict[str, float], seed: int = 0
+) -> str:
+    return "".join(room_order(sorted(loads), loads, kv, last, random.Random(seed)))
+
+
+def test_a_prompt_no_replica_holds_goes_where_there_is_room() -> None:
+    idle = {"a": 0.0, "b": 0.0}
+    # The shortest queue first, whatever else.
+    assert _order({"a": 2, "b": 1}, {"a": 0.0, "b": 0.9}, {"a": 0.0, "b": 9.0}) == "ba"
+    # Equal queues: the emptier KV cache; a few points apart is a tie.
+    assert _order({"a": 1, "b": 1}, {"a": 0.40, "b": 0.10}, idle) == "ba"
+    assert _order({"a": 1, "b": 1}, {"a": 0.01, "b": 0.03}, {"a": 1.0, "b": 2.0}) == "ab"
+    # Then the replica this router sent to least recently (never: first).
+    assert _order({"a": 0, "b": 0}, idle, {"a": 5.0, "b": 3.0}) == "ba"
+    assert _order({"a": 0, "b": 0}, idle, {"a": 5.0, "b": 0.0}) == "ba"
+
+
+def test_exact_ties_break_at_random() -> None:
+    tied = {r: 0 for r in "abc"}
+    firsts = {_order(tied, dict.fromkeys(tied, 0.0), dict.fromkeys(tied, 0.0), seed)[0]
+              for seed in range(40)}  # fmt: skip
+    assert firsts == {"a", "b", "c"}
+
+
+def _router(**state: Any) -> PrefixRouter:
+    from ray.serve._private.common import DeploymentHandleSource, DeploymentID
+
+    # Serve's RequestRouter takes these two as a handle builds it (its own tests do so).
+    router = PrefixRouter(
+        deployment_id=DeploymentID(name="Generate", app_name="default"),
+        handle_source=DeploymentHandleSource.UNKNOWN,
+    )
+    router.initialize_state(**{"imbalance": 8, "min_match_ratio": 0.1, "sent_ttl_s": 60.0, **state})
+    return router
+
+
+def test_interleaved_new_conversations_spread_over_idle_replicas_and_stick() -> None:
+    """Issue 65's case: eight conversations, each over a system prompt of its own,
+    four turns each, turns interleaved, one call at a time, on two idle replicas
+    (equal queues). With Serve's power of two, the replica whose queue length Serve
+    held from the last call took every first turn (all 32 on one in one run)."""
+
+    async def scenario() -> dict[int, list[str]]:
+        router = _router()
+        reported = {ROUTING_STATS_KEY: EngineBlocks(KEYING).routing_stats(), KV_USE_KEY: 0.0}
+        replicas = [_Replica("a", reported), _Replica("b", reported)]
+        router.update_replicas(replicas)  # type: ignore[arg-type]
+        served: dict[int, list[str]] = {c: [] for c in range(8)}
+        prompts = {c: [*range(1000 * (c + 1), 1000 * (c + 1) + 40)] for c in served}
+        for turn in range(4):
+            for c in served:
+                prompts[c] += [7] * 8  # the turn's question and answer
+                call = _call(f"c{c}-t{turn}", prompts[c])
+                ranks = await router.choose_replicas(replicas, call)  # type: ignore[arg-type]
+                chosen = ranks[0][0]
+                router.on_request_routed(call, chosen.replica_id, None)
+                served[c].append(chosen.replica_id.unique_id)
+        return served
+
+    served = asyncio.run(scenario())
+    assert all(len(set(turns)) == 1 for turns in served.values()), served
+    homes = [turns[0] for turns in served.values()]
+    assert min(homes.count("a"), homes.count("b")) >= 2, homes
+
+
+def test_a_held_prefix_still_goes_first_and_room_follows() -> None:
+    async def scenario() -> list[list[str]]:
+        router = _router()
+        stats = {ROUTING_STATS_KEY: EngineBlocks(KEYING).routing_stats(), KV_USE_KEY: 0.0}
+        replicas = [_Replica("a", stats), _Replica("b", stats), _Replica("c", stats)]
+        router.update_replicas(replicas)  # type: ignore[arg-type]
+        first = _call("t1", list(range(40)))
+        await router.choose_replicas(replicas, first)  # type: ignore[arg-type]
+        router.on_request_routed(first, replicas[1].replica_id, None)  # Serve sent it to b
+        ranks = await router.choose_replicas(replicas, _call("t2", list(range(48))))  # type: ignore[arg-type]
+        return [[r.replica_id.unique_id for r in rank] for rank in ranks]
+
+    ranks = asyncio.run(scenario())
+    # The replica holding the prefix, then every replica one rank each, by room ("b"
+    # was just sent a call: last among equals).
+    assert ranks[0] == ["b"] and [r for [r] in ranks[1:]][-1] == "b", ranks
+    assert sorted(r for [r] in ranks[1:]) == ["a", "b", "c"], ranks

@@ -248,9 +248,12 @@ def test_no_ray_port_but_serves_is_reachable_from_outside_the_graph(name: str) -
     for rule in policy["spec"]["ingress"]:
         for source in rule.get("from", []):
             labels = source["podSelector"]["matchLabels"]
-            if "namespaceSelector" in source:  # another namespace: the KubeRay operator only
-                assert labels == {"app.kubernetes.io/name": "kuberay-operator"}
-                assert [p["port"] for p in rule["ports"]] == [8265]
+            if "namespaceSelector" in source:  # another namespace: operator, Prometheus
+                allowed = {"kuberay-operator": [8265], "prometheus": [8080]}
+                assert labels.keys() == {"app.kubernetes.io/name"}, labels
+                assert [p["port"] for p in rule["ports"]] == allowed[
+                    labels["app.kubernetes.io/name"]
+                ]
             else:  # the graph's own pods (Ray's nodes talk to each other on many ports)
                 assert labels == selector
     head = service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]
@@ -262,3 +265,21 @@ def test_the_policy_check_fails_for_a_port_opened_to_all() -> None:
     policy = copy.deepcopy(_objects("base")["NetworkPolicy"])
     policy["spec"]["ingress"].append({"ports": [{"port": 8265}]})
     assert _reachable_from_anywhere(policy) == {8000, 8265}
+
+
+def test_prometheus_may_scrape_every_port_the_pod_monitors_name() -> None:
+    """k8s/monitoring's PodMonitors against k8s/base's NetworkPolicy: each scraped port
+    is open to all, or to the Prometheus Operator's pods."""
+    policy = _objects("base")["NetworkPolicy"]
+    ports = {"serve": 8000, "metrics": 8080}  # KubeRay's names for the head's ports
+    monitors = yaml.safe_load_all((REPO / "k8s/monitoring/podmonitor.yaml").read_text())
+    scraped = {ports[e["port"]] for m in monitors for e in m["spec"]["podMetricsEndpoints"]}
+    assert scraped == {8000, 8080}
+    prometheus = {
+        p["port"]
+        for rule in policy["spec"]["ingress"]
+        for source in rule.get("from", [])
+        if source["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+        for p in rule["ports"]
+    }
+    assert scraped <= _reachable_from_anywhere(policy) | prometheus
