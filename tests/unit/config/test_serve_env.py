@@ -6,6 +6,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from bench.harness.kustomize import kustomize
 from bench.harness.servers import REPO
@@ -86,3 +87,13 @@ def test_the_warning_names_each_missing_switch_with_its_value_there() -> None:
     assert "RAY_SERVE_THROUGHPUT_OPTIMIZED=1 (here: None)" in text
     assert "RAY_SERVE_LOG_TO_STDERR=1 (here: 0)" in text
     assert "RAY_SERVE_ENABLE_HA_PROXY" not in text
+
+
+def test_a_path_switch_whose_file_is_missing_is_left_unset(monkeypatch: Any) -> None:
+    import deployments.config.serve_env as serve_env
+
+    monkeypatch.setitem(serve_env.SERVE_ENV, BINARY_SWITCH, "/nonexistent/bin/scaleout-haproxy")
+    env: dict[str, str] = {}
+    added = set_missing_switches(env)
+    assert BINARY_SWITCH not in env and BINARY_SWITCH not in added
+    assert missing_switches(env) == {BINARY_SWITCH: None}  # the control plane warns of it
