@@ -306,3 +306,25 @@ def test_a_held_prefix_still_goes_first_and_room_follows() -> None:
     # was just sent a call: last among equals).
     assert ranks[0] == ["b"] and [r for [r] in ranks[1:]][-1] == "b", ranks
     assert sorted(r for [r] in ranks[1:]) == ["a", "b", "c"], ranks
+
+
+def test_the_kv_cache_use_engines_report_orders_equal_queues() -> None:
+    async def scenario() -> list[str]:
+        router = _router()
+        blocks = EngineBlocks(KEYING).routing_stats()
+        full = _Replica("full", {ROUTING_STATS_KEY: blocks, KV_USE_KEY: 0.6})
+        empty = _Replica("empty", {ROUTING_STATS_KEY: blocks, KV_USE_KEY: 0.02})
+        starting = _Replica("starting", {ROUTING_STATS_KEY: blocks, KV_USE_KEY: None})
+        router.update_replicas([full, empty, starting])  # type: ignore[list-item]
+        for name, replica in (("empty", empty), ("starting", starting)):
+            call = _call(f"earlier-{name}", list(range(500, 540)))
+            await router.choose_replicas([full, empty, starting], call)  # type: ignore[list-item]
+            router.on_request_routed(call, replica.replica_id, None)
+        ranks = await router.choose_replicas(  # type: ignore[list-item]
+            [full, empty, starting], _call("new", list(range(40)))
+        )
+        return [rank[0].replica_id.unique_id for rank in ranks]
+
+    # "starting" has reported no reading yet (counts as empty), "empty" reads 0.02 (a tie):
+    # both ahead of "full", the one sent to longer ago first.
+    assert asyncio.run(scenario()) == ["empty", "starting", "full"]

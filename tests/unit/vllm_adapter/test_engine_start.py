@@ -129,3 +129,17 @@ def test_without_a_claims_folder_each_replica_takes_its_ranks_cores(tmp_path: Pa
     blocked.write_text("")
     assert claim_cores([0, 1], 1, 1, blocked / "claims").cores == [1]
     assert claim_cores([0, 1], 1, 1, blocked / "claims").cores == [1]
+
+
+def test_the_kv_cache_use_logger_keeps_the_schedulers_last_reading() -> None:
+    from types import SimpleNamespace
+
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    from deployments.vllm_adapter.engine_load import KvCacheUse, kv_cache_use
+
+    logger = KvCacheUse(vllm_config=None)
+    assert isinstance(logger, StatLoggerBase) and kv_cache_use() is None
+    logger.record(SimpleNamespace(kv_cache_usage=0.25), None)
+    logger.record(None, None)  # a step with iteration stats only: the reading stays
+    assert kv_cache_use() == 0.25
