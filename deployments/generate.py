@@ -49,6 +49,7 @@ from deployments.observability.metrics import configure_metrics
 from deployments.observability.tracing import Carrier
 from deployments.routing.block_keys import engine_keying, kv_events_config
 from deployments.routing.engine_blocks import (
+    CHANNELS_KEY,
     KV_USE_KEY,
     ROUTING_STATS_KEY,
     EngineBlocks,
@@ -319,11 +320,16 @@ class Generate(ChannelSource):
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Serve asks every ``stats_period_s``; its controller pushes the answer to the
-        routers: the blocks the engine holds, and how full its KV cache is."""
+        routers: the blocks the engine holds, how full its KV cache is, and how many of
+        the requests Serve counts on it are step channels."""
         blocks = getattr(self, "_blocks", None)  # None too while the engine starts
         if blocks is None:
             return {}
-        return {ROUTING_STATS_KEY: blocks.routing_stats(), KV_USE_KEY: kv_cache_use()}
+        return {
+            ROUTING_STATS_KEY: blocks.routing_stats(),
+            KV_USE_KEY: kv_cache_use(),
+            CHANNELS_KEY: self._outboxes.open_channels,
+        }
 
     async def check_health(self) -> None:
         await self._engine.check_health()

@@ -27,6 +27,8 @@ logger = logging.getLogger("ray.serve")
 ROUTING_STATS_KEY = "kv_blocks"
 # The fraction of the engine's KV cache in use at its last step (vllm_adapter/engine_load.py).
 KV_USE_KEY = "kv_cache_use"
+# The step channels the replica serves, which Serve counts in its queue length.
+CHANNELS_KEY = "step_channels"
 
 
 def events_endpoint(replica: str) -> str:

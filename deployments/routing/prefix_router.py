@@ -51,7 +51,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RunningReplica
 from deployments.messages.replies import RenderedText
 from deployments.observability.metrics import graph_metrics
 from deployments.routing.block_keys import BlockKeying
-from deployments.routing.engine_blocks import KV_USE_KEY, ROUTING_STATS_KEY
+from deployments.routing.engine_blocks import CHANNELS_KEY, KV_USE_KEY, ROUTING_STATS_KEY
 from deployments.routing.pinned_router import PinnedRouter, without_avoided
 
 R = TypeVar("R")
@@ -96,6 +96,7 @@ class PrefixRouter(PinnedRouter):
         self._sent: dict[ReplicaID, OrderedDict[int, float]] = {}
         self._pending_keys: OrderedDict[str, list[int]] = OrderedDict()
         self._kv_use: dict[ReplicaID, float] = {}
+        self._channels: dict[ReplicaID, int] = {}
         self._last_sent: dict[ReplicaID, float] = {}
         self._rng = random.Random()
 
@@ -153,7 +154,7 @@ class PrefixRouter(PinnedRouter):
         """Every candidate, where there is most room first (``room_order``)."""
         return room_order(
             candidates,
-            {r: self._queue_len(r) for r in candidates},
+            {r: self._queue_len(r) or 0 for r in candidates},
             {r: self._kv_use.get(r.replica_id, 0.0) for r in candidates},
             {r: self._last_sent.get(r.replica_id, 0.0) for r in candidates},
             self._rng,
@@ -180,16 +181,21 @@ class PrefixRouter(PinnedRouter):
         live = {r.replica_id for r in replicas}
         for gone in [r for r in self._held if r not in live]:
             del self._held[gone]
-        for table in (self._sent, self._kv_use, self._last_sent):
+        for table in (self._sent, self._kv_use, self._channels, self._last_sent):
             for gone in [r for r in table if r not in live]:
                 del table[gone]
         for r in replicas:
-            kv_use = (r.routing_stats or {}).get(KV_USE_KEY)
+            reported = r.routing_stats or {}
+            kv_use, channels = reported.get(KV_USE_KEY), reported.get(CHANNELS_KEY)
             if isinstance(kv_use, float):
                 self._kv_use[r.replica_id] = kv_use
             else:
                 self._kv_use.pop(r.replica_id, None)
-            stats = (r.routing_stats or {}).get(ROUTING_STATS_KEY)
+            if isinstance(channels, int):
+                self._channels[r.replica_id] = channels
+            else:
+                self._channels.pop(r.replica_id, None)
+            stats = reported.get(ROUTING_STATS_KEY)
             if stats is None:
                 continue
             held = self._held.get(r.replica_id)
@@ -204,7 +210,7 @@ class PrefixRouter(PinnedRouter):
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
-        for table in (self._held, self._sent, self._kv_use, self._last_sent):
+        for table in (self._held, self._sent, self._kv_use, self._channels, self._last_sent):
             table.pop(replica_id, None)
 
     def _keying(self, candidates: list[RunningReplica]) -> BlockKeying | None:
@@ -228,10 +234,15 @@ class PrefixRouter(PinnedRouter):
             count += 1
         return count
 
-    def _queue_len(self, replica: RunningReplica) -> int:
-        """Requests on the replica as the router last heard (0 if not heard yet)."""
-        known = self.replica_queue_len_cache.get(replica.replica_id)
-        return 0 if known is None else known
+    def _queue_len(self, replica: RunningReplica) -> int | None:
+        """Requests on the replica as the router last heard, less the step channels it
+        reports (Serve counts each caller's channel as a request that never ends, so a
+        replica more callers hold channels to would look busier for good); None if the
+        router has not heard within Serve's cache timeout (sent nothing, probed nothing)."""
+        known: int | None = self.replica_queue_len_cache.get(replica.replica_id)
+        if known is None:
+            return None
+        return max(0, known - self._channels.get(replica.replica_id, 0))
 
 
 def common_keying(reported: set[BlockKeying], last: BlockKeying | None) -> BlockKeying | None:
@@ -249,7 +260,7 @@ def common_keying(reported: set[BlockKeying], last: BlockKeying | None) -> Block
 def prefix_choice(
     blocks: int,
     match: dict[R, int],
-    loads: dict[R, int],
+    loads: dict[R, int | None],
     imbalance: int,
     min_match_ratio: float,
 ) -> list[R]:
@@ -260,12 +271,22 @@ def prefix_choice(
     prompt, or prefixes say nothing about where it should go (a first turn; a
     prompt that shares only a template's first block with everything else,
     where following the match would send every request to one replica).
+    A queue the router has not heard of lately (None) is no evidence of imbalance:
+    the shortest is the shortest it knows. Counted as empty, a replica the router sent
+    nothing to for Serve's cache timeout (10 s) would look idle beside the busy
+    holder of a prefix, and Serve, trying this router's ranks one replica at a time,
+    probes only the replica it tries, so such entries stay stale.
     """
     best = max(match.values())
     if best == 0 or best - min(match.values()) < min_match_ratio * blocks:
         return []
-    least = min(loads.values())
-    return [r for r, held in match.items() if held == best and loads[r] - least <= imbalance]
+    known = [load for load in loads.values() if load is not None]
+    least = min(known) if known else 0
+    return [
+        r
+        for r, held in match.items()
+        if held == best and ((load := loads[r]) is None or load - least <= imbalance)
+    ]
 
 
 def room_order(

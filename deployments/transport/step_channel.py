@@ -152,6 +152,9 @@ class Outboxes:
     def __init__(self, replica: str) -> None:
         self._replica = replica
         self._boxes: dict[str, Outbox] = {}
+        self.open_channels = 0
+        """Channel calls this replica serves now: Serve counts each as an ongoing
+        request, so its routers take them off the queue length (``prefix_router.py``)."""
         self.bound = 0
         """Streams bound here right now (``bind``)."""
 
@@ -197,10 +200,12 @@ class Outboxes:
         if replica != self._replica:
             raise WrongReplicaError(f"channel for replica {replica} reached {self._replica}")
         box = self.get(caller)
+        self.open_channels += 1
         try:
             async for batch in box.batches(window_s):
                 yield batch
         finally:
+            self.open_channels -= 1
             box.closed = True
             if self._boxes.get(caller) is box:
                 del self._boxes[caller]

@@ -25,7 +25,12 @@ from deployments.routing.block_keys import (
     engine_keying,
     event_key,
 )
-from deployments.routing.engine_blocks import KV_USE_KEY, ROUTING_STATS_KEY, EngineBlocks
+from deployments.routing.engine_blocks import (
+    CHANNELS_KEY,
+    KV_USE_KEY,
+    ROUTING_STATS_KEY,
+    EngineBlocks,
+)
 from deployments.routing.pinned_router import avoiding
 from deployments.routing.prefix_router import (
     PrefixRouter,
@@ -130,6 +135,12 @@ def test_a_much_busier_best_replica_routes_by_load() -> None:
     # Within the imbalance the match wins; beyond it, load does.
     assert prefix_choice(10, {"a": 9, "b": 0}, {"a": 11, "b": 3}, 8, 0.1) == ["a"]
     assert prefix_choice(10, {"a": 9, "b": 0}, {"a": 12, "b": 3}, 8, 0.1) == []
+
+
+def test_a_queue_the_router_has_not_heard_of_is_no_imbalance() -> None:
+    assert prefix_choice(10, {"a": 9, "b": 0}, {"a": 11, "b": None}, 8, 0.1) == ["a"]
+    assert prefix_choice(10, {"a": 9, "b": 0}, {"a": 12, "b": 3, "c": None}, 8, 0.1) == []
+    assert prefix_choice(10, {"a": 9, "b": 0}, {"a": None, "b": 3}, 8, 0.1) == ["a"]
 
 
 def test_keys_are_named_by_the_last_reported_keying_until_new_replicas_report() -> None:
@@ -328,3 +339,21 @@ def test_the_kv_cache_use_engines_report_orders_equal_queues() -> None:
     # "starting" has reported no reading yet (counts as empty), "empty" reads 0.02 (a tie):
     # both ahead of "full", the one sent to longer ago first.
     assert asyncio.run(scenario()) == ["empty", "starting", "full"]
+
+
+def test_the_step_channels_a_replica_reports_are_not_load() -> None:
+    """Serve counts each caller's step channel as an ongoing request; a replica that
+    more callers hold channels to is no busier for it."""
+
+    async def scenario() -> list[str]:
+        router = _router()
+        blocks = EngineBlocks(KEYING).routing_stats()
+        held = _Replica("held", {ROUTING_STATS_KEY: blocks, KV_USE_KEY: 0.0, CHANNELS_KEY: 3})
+        busy = _Replica("busy", {ROUTING_STATS_KEY: blocks, KV_USE_KEY: 0.0, CHANNELS_KEY: 1})
+        router.update_replicas([held, busy])  # type: ignore[list-item]
+        router.replica_queue_len_cache.update(held.replica_id, 3)  # its channels alone
+        router.replica_queue_len_cache.update(busy.replica_id, 2)  # a channel and a request
+        ranks = await router.choose_replicas([held, busy], _call("new", list(range(40))))  # type: ignore[list-item]
+        return [rank[0].replica_id.unique_id for rank in ranks]
+
+    assert asyncio.run(scenario()) == ["held", "busy"]

@@ -245,3 +245,21 @@ def test_an_event_without_output_does_not_hold_the_next_and_leaves_unmarked() ->
     first, second = asyncio.run(asyncio.wait_for(run(), timeout=30))
     assert first == [("a", "data: {}\n\n")] and type(first[0][1]) is str
     assert second == [("a", 'data: {"text": 1}\n\n')]
+
+
+def test_open_channels_count_the_channel_calls_being_served() -> None:
+    async def run() -> list[int]:
+        boxes = Outboxes("replica")
+        counts = [boxes.open_channels]
+        boxes.get("a").put("k", 1)
+        boxes.get("b").put("k", 2)  # a box with events is no channel until its call drains it
+        counts.append(boxes.open_channels)
+        first, second = boxes.drain("a", "replica", 0), boxes.drain("b", "replica", 0)
+        await anext(first)
+        await anext(second)
+        counts.append(boxes.open_channels)
+        await first.aclose()
+        counts.append(boxes.open_channels)
+        return counts
+
+    assert asyncio.run(run()) == [0, 0, 2, 1]
