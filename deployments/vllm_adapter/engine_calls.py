@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable
 from typing import Any
 
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest, CompletionResponse
@@ -113,19 +113,7 @@ class EngineCalls:
         ``EngineLostError`` (its callers may make it again on another replica,
         ``transport/migration.py``) instead of answering vLLM's error for it, and
         a movable call on a replica Serve is stopping raises ``ReplicaLeavingError``."""
-        self._raise_if_left(call)
-        try:
-            result = await self._serving_tokens.serve_tokens(request)
-        except asyncio.CancelledError:
-            self._raise_if_left(call)  # cancelled by leave
-            raise
-        except Exception as exc:
-            self._raise_if_engine_lost(exc)
-            raise
-        if isinstance(result, ErrorResponse):
-            self._raise_if_engine_lost()
-            # Cancelled by leave: vLLM answers that "Client disconnected".
-            self._raise_if_left(call)
+        result = await self._served(self._serving_tokens.serve_tokens(request), call)
         if isinstance(result, (ErrorResponse, GenerateResponseBase)):
             return result
         return self._engine_events(result, call.movable)
@@ -137,23 +125,30 @@ class EngineCalls:
         the engine: beam search (``BeamSearchOnlineMixin``), which runs the engine a
         step at a time for each beam. Inside ``call.opening`` every engine request it
         makes is the call's, and ends with it. Failures as ``serve_tokens``'."""
-        self._raise_if_left(call)
         if self._serving_completion is None:
             return create_error_response("this engine serves no completions")
+        result = await self._served(self._serving_completion.create_completion(request), call)
+        if not isinstance(result, (CompletionResponse, ErrorResponse)):
+            # A stream: the request asked for one, which beam search refuses first.
+            raise TypeError(f"vLLM answered a unary completion with {type(result).__name__}")
+        return result
+
+    async def _served(self, answer: Awaitable[Any], call: EngineCall) -> Any:
+        """vLLM's answer for ``call``, but ``EngineLostError`` where the engine's death
+        ended it and ``ReplicaLeavingError`` where ``leave`` did."""
+        self._raise_if_left(call)
         try:
-            result = await self._serving_completion.create_completion(request)
+            result = await answer
         except asyncio.CancelledError:
-            self._raise_if_left(call)
+            self._raise_if_left(call)  # cancelled by leave
             raise
         except Exception as exc:
             self._raise_if_engine_lost(exc)
             raise
         if isinstance(result, ErrorResponse):
             self._raise_if_engine_lost()
+            # Cancelled by leave: vLLM answers that "Client disconnected".
             self._raise_if_left(call)
-        if not isinstance(result, (CompletionResponse, ErrorResponse)):
-            # A stream: the request asked for one, which beam search refuses first.
-            raise TypeError(f"vLLM answered a unary completion with {type(result).__name__}")
         return result
 
     async def _engine_events(

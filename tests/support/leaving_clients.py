@@ -17,30 +17,6 @@ def running(base_url: str) -> dict[str, int]:
     return running_requests(httpx.get(f"{base_url}/metrics", timeout=30).text)
 
 
-async def _leave_once_running(
-    base_url: str,
-    path: str,
-    body: dict[str, Any],
-    headers: dict[str, str],
-    clients: int,
-    engine_requests: int,
-    within_s: float,
-) -> None:
-    async with httpx.AsyncClient(base_url=base_url, timeout=60) as c:
-        calls = [
-            asyncio.create_task(c.post(path, json=body, headers=headers)) for _ in range(clients)
-        ]
-        deadline = time.monotonic() + within_s
-        while sum(running_requests((await c.get("/metrics")).text).values()) < engine_requests:
-            assert time.monotonic() < deadline, "the requests never all reached the engines"
-            answered = [t.result() for t in calls if t.done()]
-            assert not answered, [(r.status_code, r.text[:200]) for r in answered]
-            await asyncio.sleep(0.1)
-        for call in calls:  # each client leaves: its connection closes under it
-            call.cancel()
-        await asyncio.gather(*calls, return_exceptions=True)
-
-
 def leave_once_running(
     base_url: str,
     path: str,
@@ -54,9 +30,26 @@ def leave_once_running(
     """Send ``clients`` copies of a request, wait until the engines run
     ``engine_requests`` requests in all (failing if one is answered first), then close
     every connection."""
-    asyncio.run(
-        _leave_once_running(base_url, path, body, headers, clients, engine_requests, within_s)
-    )
+
+    async def leave() -> None:
+        async with httpx.AsyncClient(base_url=base_url, timeout=60) as c:
+            calls = [
+                asyncio.create_task(c.post(path, json=body, headers=headers))
+                for _ in range(clients)
+            ]
+            deadline = time.monotonic() + within_s
+            while sum(running_requests((await c.get("/metrics")).text).values()) < (
+                engine_requests
+            ):
+                assert time.monotonic() < deadline, "the requests never all reached the engines"
+                answered = [t.result() for t in calls if t.done()]
+                assert not answered, [(r.status_code, r.text[:200]) for r in answered]
+                await asyncio.sleep(0.1)
+            for call in calls:  # each client leaves: its connection closes under it
+                call.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+
+    asyncio.run(leave())
 
 
 def wait_idle(base_url: str, within_s: float) -> float:
