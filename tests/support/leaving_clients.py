@@ -14,7 +14,7 @@ from bench.metrics import running_requests
 
 def running(base_url: str) -> dict[str, int]:
     """Requests each Generate replica's engine holds (the graph's ``/metrics``)."""
-    return running_requests(httpx.get(f"{base_url}/metrics", timeout=30).text)
+    return running_requests(httpx.get(f"{base_url.rstrip('/')}/metrics", timeout=30).text)
 
 
 def leave_once_running(
