@@ -50,7 +50,11 @@ def build_graph(config: GraphConfig) -> Application:
     # replica.
     generate_callers = derender_max_replicas(config) + ingress_max_replicas(config)
     generate = generate_deployment(config, generate_callers).bind(config, control)
-    derender = derender_deployment(config, ingress_max_replicas(config))
+    # ... and, with request channels, each Generate replica one on every Derender replica.
+    derender_callers = ingress_max_replicas(config)
+    if config.request_channels:
+        derender_callers += config.generate.max_replicas(1)
+    derender = derender_deployment(config, derender_callers)
     return ingress_deployment(config).bind(
         config, render, generate, derender.bind(config, generate, control), control
     )

@@ -83,8 +83,9 @@ def build() -> Any:
 
     from deployments.routing.pinned_router import PINNED_ROUTING
     from deployments.transport.channel_reader import StepChannels
+    from deployments.transport.channel_source import ChannelSource
     from deployments.transport.coalesce import coalesced
-    from deployments.transport.step_channel import ChannelSource, Outboxes
+    from deployments.transport.step_channel import Outboxes
 
     def replica_id() -> str:
         return str(serve.get_replica_context().replica_id.unique_id)

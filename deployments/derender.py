@@ -73,17 +73,19 @@ from deployments.scaling.host_load import HostSampler
 from deployments.text.derender_output import derender_event, derender_response
 from deployments.text.output import ChunkEvent, TextOutput, openai_event, tokens_request
 from deployments.transport.channel_reader import StepChannels
+from deployments.transport.channel_source import ChannelSource
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from deployments.transport.leaving import LeaveWatch
 from deployments.transport.migration import migrating
 from deployments.transport.replica_assignment import wait_routed
 from deployments.transport.replica_loss import ReplicaLeavingError
+from deployments.transport.request_channel import Inboxes, RequestChannelSink
 from deployments.transport.serve_internals import (
     drop_access_log_lines,
     on_this_process_data_plane,
     serve_request_id,
 )
-from deployments.transport.step_channel import ChannelSource, Outboxes
+from deployments.transport.step_channel import Outboxes
 from deployments.vllm_adapter.internals import client_request_id
 
 logger = logging.getLogger("ray.serve")
@@ -93,7 +95,7 @@ _DERENDER_CHAT = TypeAdapter(DerenderChatRequestUnion)
 _DERENDER_COMPLETION = TypeAdapter(DerenderCompletionRequestUnion)
 
 
-class Derender(ChannelSource):
+class Derender(ChannelSource, RequestChannelSink):
     async def __init__(  # type: ignore[misc]
         self, config: GraphConfig, generate: DeploymentHandle, control: DeploymentHandle
     ) -> None:
@@ -109,11 +111,16 @@ class Derender(ChannelSource):
         self._state = await build_render_state(config)
         self._text = TextOutput(self._state.online_derenderer, self._state.serving_derender)
         self._generate = generate.options(stream=True)
-        replica = self._replica = serve.get_replica_context().replica_id.unique_id
-        self._generate_channels = StepChannels(generate, replica)
+        context = serve.get_replica_context()
+        replica = self._replica = context.replica_id.unique_id
+        # Its requests to Generate, on channels the Generate replicas open back.
+        self._inboxes = Inboxes(replica)
+        reply_to = (context.app_name, context.deployment) if config.request_channels else None
+        self._generate_channels = StepChannels(generate, replica, self._inboxes, reply_to)
+        self._on_unsent = self._generate_channels.on_unsent
         # The Ingress's step channels to this replica.
         self._outboxes = Outboxes(replica)
-        self._leave_watch = LeaveWatch(self._outboxes)
+        self._leave_watch = LeaveWatch(self._outboxes, ends=[self._inboxes])
         self._watch = asyncio.create_task(self._watch_leaving())
         # Request ids of the stateful streams this replica holds right now.
         self._streams: dict[str, int] = {}

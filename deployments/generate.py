@@ -49,6 +49,7 @@ from deployments.observability.metrics import configure_metrics
 from deployments.observability.tracing import Carrier
 from deployments.routing.block_keys import engine_keying, kv_events_config
 from deployments.routing.engine_blocks import (
+    CHANNEL_REQUESTS_KEY,
     CHANNELS_KEY,
     KV_USE_KEY,
     ROUTING_STATS_KEY,
@@ -59,14 +60,16 @@ from deployments.routing.engine_blocks import (
 from deployments.scaling.host_load import HostSampler
 from deployments.text.inline_text import InlineText, inline_call_movable
 from deployments.text.output import TextOutput
+from deployments.transport.channel_source import ChannelSource
 from deployments.transport.control_channel import CONTROL_SUBSCRIBE_TIMEOUT_S, ControlChannel
 from deployments.transport.leaving import LeaveWatch
 from deployments.transport.serve_internals import (
     drop_access_log_lines,
     on_this_process_data_plane,
+    replica_max_ongoing_requests,
     serve_request_id,
 )
-from deployments.transport.step_channel import ChannelSource, Outboxes
+from deployments.transport.step_channel import Outboxes
 from deployments.vllm_adapter.engine_args import serve_namespace
 from deployments.vllm_adapter.engine_calls import EngineCalls
 from deployments.vllm_adapter.engine_load import kv_cache_use
@@ -158,6 +161,8 @@ class Generate(ChannelSource):
         text = TextOutput(state.online_derenderer, state.serving_derender)
         self._inline = InlineText(text)
         self._outboxes = Outboxes(self._replica)
+        if config.request_channels:  # Derender replicas' requests (channel_source.py)
+            self._requests_max = replica_max_ongoing_requests()
         self._leave_watch = LeaveWatch(self._outboxes)
         # Aborts and /metrics reach this replica even when its streams fill every slot.
         # The channel runs on this loop, the engine's, so its aborts need no hop.
@@ -329,6 +334,7 @@ class Generate(ChannelSource):
             ROUTING_STATS_KEY: blocks.routing_stats(),
             KV_USE_KEY: kv_cache_use(),
             CHANNELS_KEY: self._outboxes.open_channels,
+            CHANNEL_REQUESTS_KEY: self.channel_requests(),
         }
 
     async def check_health(self) -> None:

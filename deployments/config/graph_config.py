@@ -276,6 +276,15 @@ class GraphConfig(_Strict):
         "channel's last item travel with them as one item (a stream's first event and its "
         "end are never held); 0 joins only events already waiting.",
     )
+    request_channels: bool = Field(
+        False,
+        description="Derender replicas send their requests to Generate on a channel each "
+        "Generate replica opens back to them (one item per event-loop turn), rather than "
+        "a Serve call per request; Serve's router still picks the replica "
+        "(transport/request_channel.py). Off by default: with several Generate replicas "
+        "the router does not yet see the requests in flight on channels until their "
+        "replicas report them, so a burst can pile onto one replica.",
+    )
     enforce_eager: bool = Field(False, description="Disable graph capture/compilation.")
     logits_processors: list[str] = Field(
         default_factory=list,

@@ -138,6 +138,17 @@ class GraphMetrics:
         )
 
     @functools.cached_property
+    def requests_sent(self) -> Counter:
+        return self._counter(
+            "scaleout_requests_sent_total",
+            "Requests a replica sent to a tier, by how: channel (on a request channel the "
+            "callee replica opened back), call (a Serve handle call of its own: the replica "
+            "Serve's router picked has no channel open, or there are none), refused (sent on "
+            "a channel, refused by a full replica, then made a call).",
+            ("callee", "via"),
+        )
+
+    @functools.cached_property
     def prefix_routing(self) -> Counter:
         return self._counter(
             "scaleout_prefix_routing_total",

@@ -29,6 +29,8 @@ ROUTING_STATS_KEY = "kv_blocks"
 KV_USE_KEY = "kv_cache_use"
 # The step channels the replica serves, which Serve counts in its queue length.
 CHANNELS_KEY = "step_channels"
+# The requests it runs that came on request channels, which Serve does not count.
+CHANNEL_REQUESTS_KEY = "channel_requests"
 
 
 def events_endpoint(replica: str) -> str:

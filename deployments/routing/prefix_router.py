@@ -51,8 +51,14 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RunningReplica
 from deployments.messages.replies import RenderedText
 from deployments.observability.metrics import graph_metrics
 from deployments.routing.block_keys import BlockKeying
-from deployments.routing.engine_blocks import CHANNELS_KEY, KV_USE_KEY, ROUTING_STATS_KEY
+from deployments.routing.engine_blocks import (
+    CHANNEL_REQUESTS_KEY,
+    CHANNELS_KEY,
+    KV_USE_KEY,
+    ROUTING_STATS_KEY,
+)
 from deployments.routing.pinned_router import PinnedRouter, without_avoided
+from deployments.transport.serve_internals import PICKING
 
 R = TypeVar("R")
 # Requests whose keys were computed but that were never routed (cancelled) are dropped.
@@ -97,6 +103,7 @@ class PrefixRouter(PinnedRouter):
         self._pending_keys: OrderedDict[str, list[int]] = OrderedDict()
         self._kv_use: dict[ReplicaID, float] = {}
         self._channels: dict[ReplicaID, int] = {}
+        self._channel_requests: dict[ReplicaID, int] = {}
         self._last_sent: dict[ReplicaID, float] = {}
         self._rng = random.Random()
 
@@ -110,10 +117,18 @@ class PrefixRouter(PinnedRouter):
         candidate_replicas = without_avoided(candidate_replicas, pending_request)
         ranked = self._by_prefix(candidate_replicas, pending_request)
         if len(candidate_replicas) < 2:
-            return [candidate_replicas]
-        # Where the best match has no room, the call goes where there is most.
-        by_room = [[replica] for replica in self._by_room(candidate_replicas)]
-        return [ranked, *by_room] if ranked else by_room
+            ranks = [candidate_replicas]
+        else:
+            # Where the best match has no room, the call goes where there is most.
+            by_room = [[replica] for replica in self._by_room(candidate_replicas)]
+            ranks = [ranked, *by_room] if ranked else by_room
+        if pending_request.kwargs.get(PICKING):
+            # Serve takes the first replica of the first rank and sends nothing, so
+            # no ``on_request_routed`` follows; the request goes there on a channel.
+            first = next((rank[0] for rank in ranks if rank), None)
+            if first is not None:
+                self.on_request_routed(pending_request, first.replica_id, None)
+        return ranks
 
     def _by_prefix(
         self, candidates: list[RunningReplica], pending: PendingRequest
@@ -181,7 +196,8 @@ class PrefixRouter(PinnedRouter):
         live = {r.replica_id for r in replicas}
         for gone in [r for r in self._held if r not in live]:
             del self._held[gone]
-        for table in (self._sent, self._kv_use, self._channels, self._last_sent):
+        tables = (self._sent, self._kv_use, self._channels, self._channel_requests, self._last_sent)
+        for table in tables:
             for gone in [r for r in table if r not in live]:
                 del table[gone]
         for r in replicas:
@@ -195,6 +211,11 @@ class PrefixRouter(PinnedRouter):
                 self._channels[r.replica_id] = channels
             else:
                 self._channels.pop(r.replica_id, None)
+            on_channels = reported.get(CHANNEL_REQUESTS_KEY)
+            if isinstance(on_channels, int):
+                self._channel_requests[r.replica_id] = on_channels
+            else:
+                self._channel_requests.pop(r.replica_id, None)
             stats = reported.get(ROUTING_STATS_KEY)
             if stats is None:
                 continue
@@ -210,7 +231,8 @@ class PrefixRouter(PinnedRouter):
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
-        for table in (self._held, self._sent, self._kv_use, self._channels, self._last_sent):
+        tables = (self._held, self._sent, self._kv_use, self._channels, self._channel_requests)
+        for table in (*tables, self._last_sent):
             table.pop(replica_id, None)
 
     def _keying(self, candidates: list[RunningReplica]) -> BlockKeying | None:
@@ -238,11 +260,16 @@ class PrefixRouter(PinnedRouter):
         """Requests on the replica as the router last heard, less the step channels it
         reports (Serve counts each caller's channel as a request that never ends, so a
         replica more callers hold channels to would look busier for good); None if the
-        router has not heard within Serve's cache timeout (sent nothing, probed nothing)."""
+        router has not heard within Serve's cache timeout (sent nothing, probed nothing).
+        Plus the requests it runs that came on request channels, which Serve does not
+        count, as it last reported them (the only word of its load once every request
+        from here rides a channel)."""
         known: int | None = self.replica_queue_len_cache.get(replica.replica_id)
-        if known is None:
+        on_channels = self._channel_requests.get(replica.replica_id)
+        if known is None and on_channels is None:
             return None
-        return max(0, known - self._channels.get(replica.replica_id, 0))
+        calls = 0 if known is None else max(0, known - self._channels.get(replica.replica_id, 0))
+        return calls + (on_channels or 0)
 
 
 def common_keying(reported: set[BlockKeying], last: BlockKeying | None) -> BlockKeying | None:

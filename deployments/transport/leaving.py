@@ -13,12 +13,17 @@ end, and Serve's wait with them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from deployments.transport.serve_internals import ServeInternalsChanged, draining_probe
 from deployments.transport.step_channel import Outboxes
 
 logger = logging.getLogger("ray.serve")
+
+
+class Endable(Protocol):
+    def end(self) -> None: ...
 
 
 def leaving_probe() -> Callable[[], bool]:
@@ -35,8 +40,14 @@ class LeaveWatch:
     """Polled by the replica's own loop: whether Serve is stopping it, and its step
     channels ended once it is and none of them carries a stream."""
 
-    def __init__(self, outboxes: Outboxes, probe: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        outboxes: Outboxes,
+        probe: Callable[[], bool] | None = None,
+        ends: Sequence[Endable] = (),
+    ) -> None:
         self._outboxes = outboxes
+        self._ends = ends  # more channels it ends with its step channels (request channels)
         self._draining = probe or leaving_probe()
         self.leaving = False
 
@@ -48,4 +59,6 @@ class LeaveWatch:
             return self.leaving
         if not busy:
             self._outboxes.end()
+            for channels in self._ends:
+                channels.end()
         return False

@@ -48,12 +48,17 @@ async def wait_routed(
     """Until a replica has taken the call (True), or its router has had none for it
     for ``patience_s`` (False; at once by default).
 
-    ``response`` is what ``handle.<method>.remote(...)`` returned. On False the
+    ``response`` is what ``handle.<method>.remote(...)`` returned, or wraps it; one
+    sent on a request channel (``channel_reader.ChannelStream``, no handle
+    response) counts as taken. On False the
     caller cancels it and answers 503. Unknown (a Ray that moved the future)
     counts as taken: the call goes on as Serve runs it. Meanwhile Serve's router
     holds the call, and sends it to the first replica that starts.
     """
     while hasattr(response, "handle_response"):  # a call that wraps the handle's own
+        chosen = getattr(response, "chosen", None)
+        if chosen is not None:  # a call that may go on a request channel instead
+            await chosen()
         response = response.handle_response
     future = assignment_future(response)
     if future is None or future.done():

@@ -197,6 +197,40 @@ def assignment_future(
     return getattr(response, "_replica_result_future", None)
 
 
+# ``DeploymentHandle.choose_replica``'s pick-only switch (``AsyncioRouter.choose_replica``):
+# the configured request router orders the replicas, and no slot is reserved on the
+# one picked (that costs a call to it, what a request channel saves).
+PICK_ONLY = {"_reserve": False}
+# The keyword argument that tells the graph's routers a call is a pick, not a call
+# (``PrefixRouter`` records where it sent the request then).
+PICKING = "picking"
+
+
+async def pick_replica(handle: DeploymentHandle[Any], *args: Any, **kwargs: Any) -> str | None:
+    """The unique id of the replica ``handle``'s request router picks for a call with
+    these arguments, nothing sent or reserved; None where Serve no longer picks so
+    (a Ray upgrade): the caller then makes the call as Serve routes it."""
+    try:
+        picking = {**kwargs, **PICK_ONLY, PICKING: True}
+        async with handle.choose_replica(*args, **picking) as selection:
+            return str(selection.replica_id)
+    except (TypeError, AttributeError, RuntimeError) as exc:
+        logging.getLogger("ray.serve").warning(
+            "Serve's router cannot pick without sending: %r", exc
+        )
+        return None
+
+
+def replica_max_ongoing_requests() -> int:
+    """In a replica: its deployment's ``max_ongoing_requests`` as Serve runs it
+    (``ReplicaContext._deployment_config``)."""
+    config = getattr(serve.get_replica_context(), "_deployment_config", None)
+    value = getattr(config, "max_ongoing_requests", None)
+    if not isinstance(value, int):
+        raise ServeInternalsChanged("ReplicaContext._deployment_config.max_ongoing_requests")
+    return value
+
+
 def draining_probe() -> Callable[[], bool]:
     """In a replica: a function that says whether Serve has begun to stop it (a
     scale-in, a redeploy, ``serve shutdown``).

@@ -21,8 +21,9 @@ broken channel fails every stream bound to it with the channel's error. In a
 batch, a stream's consecutive events (the steps a window held) go as one item,
 so its caller takes, passes on and writes one item per batch, not one per step.
 
-This module is the callee's side (outboxes, the bound call, the channel call);
-the caller's side is ``channel_reader.py``.
+This module is the callee's side (outboxes, the bound call); the channel call
+is ``channel_source.py``'s, the caller's side ``channel_reader.py``'s. Requests
+themselves can ride a channel the other way (``request_channel.py``).
 """
 
 from __future__ import annotations
@@ -209,17 +210,3 @@ class Outboxes:
             box.closed = True
             if self._boxes.get(caller) is box:
                 del self._boxes[caller]
-
-
-class ChannelSource:
-    """A deployment whose callers read its streams on step channels: it keeps an
-    ``Outboxes`` and a window, and serves the ``step_channel`` call."""
-
-    _outboxes: Outboxes
-    _coalesce_s: float
-
-    async def step_channel(self, caller: str, replica: str) -> AsyncIterator[Any]:
-        """The caller's step channel: its bound streams' events, one item per
-        wake-up (``PinnedRouter`` routes the call here by ``replica``)."""
-        async for batch in self._outboxes.drain(caller, replica, self._coalesce_s):
-            yield batch

@@ -102,6 +102,8 @@ def graph(
                 **GRAPH_ARGS,
                 "tokens_only": True,
                 "text_placement": "tier",
+                # Derender's requests to Generate on request channels (off by default).
+                "request_channels": True,
                 "api_key": API_KEY,
                 # Several tokens per engine chunk (vLLM --stream-interval 3).
                 "stream_interval": 3,

@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness.servers import Server
-from tests.integration.conftest import MODEL
+from tests.integration.conftest import AUTH, MODEL, TOKENS_ONLY_PREFIX
 from tests.integration.test_parity_vllm import SHAPES
 from tests.integration.test_skeleton import rendered, sse_payloads
 
@@ -192,3 +195,64 @@ def test_text_with_unicode_line_ends_streams_whole_in_derender_mode(
         choice["delta"].get("content") or "" for event in events[:-1] for choice in event["choices"]
     )
     assert content == UNICODE_LINE_ENDS
+
+
+def _sent_to_generate(client: httpx.Client) -> Counter[str]:
+    """The tokens-only application's Derender requests to Generate so far, by how they
+    went (``via``)."""
+    sent: Counter[str] = Counter()
+    response = client.get(f"{TOKENS_ONLY_PREFIX}/metrics", headers=AUTH)
+    assert response.status_code == 200, response.text
+    for family in text_string_to_metric_families(response.text):
+        if family.name == "ray_scaleout_requests_sent":
+            for sample in family.samples:
+                if (
+                    sample.labels.get("callee") == "Generate"
+                    and sample.labels.get("application") == "tokens-only"
+                ):
+                    sent[sample.labels["via"]] += int(sample.value)
+    return sent
+
+
+def test_tier_requests_ride_the_request_channels_generate_opened(client: httpx.Client) -> None:
+    """With ``request_channels`` (the tokens-only application), once a Generate replica
+    has served a Derender replica it opens a request channel back to it, and that
+    Derender's next requests there go on it rather than as Serve calls
+    (``transport/request_channel.py``), with the answers they get."""
+    before = _settled_sends(client)
+    body = {**SHAPES["chat"], "max_tokens": 12}
+    tier = {"X-Text-Placement": "tier", **AUTH}
+    contents = set()
+    for i in range(12):
+        stream = i % 2 == 1
+        response = client.post(
+            f"{TOKENS_ONLY_PREFIX}/v1/chat/completions",
+            json={**body, "stream": stream},
+            headers=tier,
+        )
+        assert response.status_code == 200, response.text
+        if stream:
+            chunks = [c for c in sse_payloads(response.text) if isinstance(c, dict)]
+            deltas = [c["choices"][0]["delta"] for c in chunks if c.get("choices")]
+            contents.add("".join(d.get("content") or "" for d in deltas))
+        else:
+            contents.add(response.json()["choices"][0]["message"]["content"])
+    assert len(contents) == 1, contents  # greedy: every way gives one answer
+    sent = _settled_sends(client) - before
+    assert sum(sent.values()) == 12, sent
+    # A replica's first request from a Derender replica is a call (it opens the channel).
+    assert sent["channel"] >= 8, sent
+
+
+def _settled_sends(client: httpx.Client) -> Counter[str]:
+    """``_sent_to_generate`` once two reads more than an export period apart agree:
+    Ray exports a replica's counters every few seconds, so the last requests' come late."""
+    last = _sent_to_generate(client)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        time.sleep(12)
+        now = _sent_to_generate(client)
+        if now == last:
+            break
+        last = now
+    return last

@@ -82,3 +82,12 @@ def test_a_handle_made_by_reference_goes_on_the_replicas_data_plane(seen: dict[s
     # the graph's switches a replica calls over Serve's gRPC, whatever the handle's maker.
     assert seen["by_reference"] == {"made": True, "own": False}, "on_this_process_data_plane"
     assert seen["answers_on_own_plane"] == ["ok", "ok"]
+
+
+def test_pick_replica_names_one_of_the_live_replicas(seen: dict[str, Any]) -> None:
+    # DeploymentHandle.choose_replica with the router's pick-only `_reserve=False`, and
+    # ReplicaContext._deployment_config.max_ongoing_requests in the replicas picked.
+    picks = seen["picks"]
+    assert not picks["none"], "pick_replica: choose_replica(_reserve=False) failed"
+    assert set(picks["picked"]) <= set(picks["ids"]) and picks["picked"], picks
+    assert picks["max_ongoing"] == [7], "replica_max_ongoing_requests: _deployment_config"

@@ -7,7 +7,8 @@ switches, no HTTP proxy: ``Probe`` holds a handle to ``Target`` and, from
 inside its replica as the graph's tiers do, moves a handle made by reference
 onto its own data plane, reads the router state, a call's
 assignment future, its own actor's liveness ping and Serve's replica log
-handlers; a ``Leaver`` replica reads its draining flag while Serve stops it, and a
+handlers, and has Serve's router pick Target's replicas without a call; a
+``Leaver`` replica reads its draining flag while Serve stops it, and a
 ``Quiet`` one counts its calls' access log lines before and after it drops them.
 One JSON line on stdout.
 """
@@ -27,11 +28,18 @@ from ray.serve.handle import DeploymentHandle
 from deployments.transport import serve_internals as door
 
 
-@serve.deployment(name="Target", num_replicas=2, ray_actor_options={"num_cpus": 0})
+@serve.deployment(
+    name="Target", num_replicas=2, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=7
+)
 class Target:
     async def __call__(self) -> str:
         await asyncio.sleep(0.2)
         return "ok"
+
+    def identity(self) -> tuple[str, int]:
+        """This replica's unique id, and its max_ongoing_requests as the door reads it."""
+        context = serve.get_replica_context()
+        return context.replica_id.unique_id, door.replica_max_ongoing_requests()
 
 
 @serve.deployment(
@@ -123,7 +131,20 @@ class Probe:
             type(h.target).__name__ for h in door.replica_log_buffers() if h.target is not None
         ]
         seen["grpc_cap"] = door.replica_grpc_max_message_bytes()
+        seen["picks"] = await self._picks()
         return seen
+
+    async def _picks(self) -> dict[str, Any]:
+        """``pick_replica``'s picks (nothing sent): replica ids of Target's, and the
+        replicas' own ids and max_ongoing_requests, from calls that Serve routes."""
+        picked = {await door.pick_replica(self._target) for _ in range(20)}
+        identities = {tuple(await self._target.identity.remote()) for _ in range(20)}
+        return {
+            "picked": sorted(p for p in picked if p is not None),
+            "none": None in picked,
+            "ids": sorted(i for i, _ in identities),
+            "max_ongoing": sorted({m for _, m in identities}),
+        }
 
 
 def _view(view: door.RouterView | None) -> Any:

@@ -204,6 +204,8 @@ class _EndedCall:
 
 
 class _Handle:
+    deployment_name = "Generate"
+
     def options(self, **_: object) -> _Handle:
         return self
 
