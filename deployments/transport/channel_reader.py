@@ -82,11 +82,15 @@ class StepChannels:
         method = getattr(self._handle, start.method)
         return method.remote(*start.args, self._caller, start.key, **start.kwargs)
 
+    def may_send_on_channel(self) -> bool:
+        """Whether any replica has a request channel open to this caller."""
+        return self._inboxes is not None and self._inboxes.any_open()
+
     async def _sent_on_channel(self, start: Start) -> str | None:
         """The replica whose request channel took ``start``, if Serve's router picked
         one that has a channel open; None: make it a handle call."""
         inboxes = self._inboxes
-        if inboxes is None or not inboxes.any_open() or no_replica_to_route_to(self._handle):
+        if inboxes is None or no_replica_to_route_to(self._handle):
             return None
         replica = await pick_replica(
             self._handle, *start.args, self._caller, start.key, **start.kwargs
@@ -194,9 +198,9 @@ class ChannelStream:
     """A bound stream, read as the plain streamed call would be: the same items,
     with the events taken from the channel. ``cancel`` cancels the call.
 
-    Whether it goes on a request channel or as a handle call of its own is chosen
-    once, by ``chosen`` (``replica_assignment.wait_routed`` awaits it, and so does
-    the first read)."""
+    It is a handle call of its own, made at once, unless a replica has a request
+    channel open to this caller; then where it goes is chosen once, by ``chosen``
+    (``replica_assignment.wait_routed`` awaits it, and so does the first read)."""
 
     def __init__(self, channels: StepChannels, key: str, start: Start) -> None:
         self._channels = channels
@@ -208,10 +212,16 @@ class ChannelStream:
         self._replica: str | None = None  # the request channel's replica
         self._chose: asyncio.Future[None] | None = None
         self._cancelled = False
+        self._decided = not channels.may_send_on_channel()
+        if self._decided:  # a call, made now as any handle call is
+            self.handle_response = channels._remote(start)
+            channels.count_sent("call")
         self._items = self._read()
 
     async def chosen(self) -> None:
         """Sent: on a request channel, or as a handle call."""
+        if self._decided:
+            return
         if self._chose is None:
             self._chose = asyncio.ensure_future(self._choose())
         await asyncio.shield(self._chose)
@@ -225,6 +235,7 @@ class ChannelStream:
         self._replica = replica
         if replica is None and not self._cancelled:
             self.handle_response = channels._remote(self._start)
+        self._decided = True
         channels.count_sent("call" if replica is None else "channel")
 
     async def _read(self) -> AsyncIterator[Any]:

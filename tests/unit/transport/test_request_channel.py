@@ -321,3 +321,13 @@ def test_a_cancelled_request_on_a_channel_sends_cancel() -> None:
 
     sent = asyncio.run(run())
     assert sent == [Start("k1", "m_on_channel", ("body",), {}), Cancel("k1")]
+
+
+def test_without_an_open_request_channel_the_call_is_made_at_once_and_nothing_picked() -> None:
+    async def run() -> list[str]:
+        channels, _, handle = _caller(picked="g1")
+        handle.choose_replica = None  # type: ignore[method-assign,assignment]  # never asked
+        channels.call("m_on_channel", "body", key="k1")
+        return [method for method, _ in handle.calls]  # before anything awaited it
+
+    assert asyncio.run(run()) == ["m_on_channel"]
