@@ -330,12 +330,14 @@ class Generate(ChannelSource):
         blocks = getattr(self, "_blocks", None)  # None too while the engine starts
         if blocks is None:
             return {}
-        return {
+        stats = {
             ROUTING_STATS_KEY: blocks.routing_stats(),
             KV_USE_KEY: kv_cache_use(),
             CHANNELS_KEY: self._outboxes.open_channels,
-            CHANNEL_REQUESTS_KEY: self.channel_requests(),
         }
+        if self._config.request_channels:  # else its queue length is Serve's alone
+            stats[CHANNEL_REQUESTS_KEY] = self.channel_requests()
+        return stats
 
     async def check_health(self) -> None:
         await self._engine.check_health()
