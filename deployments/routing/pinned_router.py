@@ -23,6 +23,8 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
+from deployments.transport.serve_internals import PICKING
+
 # The keyword argument of a call that names replicas to keep away from.
 AVOID = "avoid"
 
@@ -44,7 +46,21 @@ class PinnedRouter(LocalityMixin, RequestRouter):
         # probes both and sends to the shorter queue.
         local = self.apply_locality_routing(pending_request)
         pool = [r for r in candidate_replicas if r.replica_id in local] or candidate_replicas
-        return [random.sample(pool, min(2, len(pool)))]
+        two = random.sample(pool, min(2, len(pool)))
+        loads = picked_loads(pending_request)
+        if loads is not None:
+            # A pick probes nothing and takes the first: the one of the two where the
+            # picking caller has fewer requests in flight.
+            two.sort(key=lambda r: loads.get(r.replica_id.unique_id, 0))
+        return [two]
+
+
+def picked_loads(pending: PendingRequest | None) -> dict[str, int] | None:
+    """For a pick (``serve_internals.pick_replica``: Serve's router orders the replicas,
+    probes none, sends nothing), the picking caller's requests in flight by replica
+    unique id; None for a call."""
+    loads: Any = None if pending is None else pending.kwargs.get(PICKING)
+    return loads if isinstance(loads, dict) else None
 
 
 def avoiding(avoid: tuple[str, ...]) -> dict[str, Any]:

@@ -57,8 +57,7 @@ from deployments.routing.engine_blocks import (
     KV_USE_KEY,
     ROUTING_STATS_KEY,
 )
-from deployments.routing.pinned_router import PinnedRouter, without_avoided
-from deployments.transport.serve_internals import PICKING
+from deployments.routing.pinned_router import PinnedRouter, picked_loads, without_avoided
 
 R = TypeVar("R")
 # Requests whose keys were computed but that were never routed (cancelled) are dropped.
@@ -104,6 +103,9 @@ class PrefixRouter(PinnedRouter):
         self._kv_use: dict[ReplicaID, float] = {}
         self._channels: dict[ReplicaID, int] = {}
         self._channel_requests: dict[ReplicaID, int] = {}
+        # While a pick is ranked: the picking caller's requests in flight, by replica
+        # (none listed: none there); None while a call is.
+        self._caller_loads: dict[str, int] | None = None
         self._last_sent: dict[ReplicaID, float] = {}
         self._rng = random.Random()
 
@@ -115,14 +117,21 @@ class PrefixRouter(PinnedRouter):
         if pending_request is None or pending_request.kwargs.get("replica") is not None:
             return await super().choose_replicas(candidate_replicas, pending_request)
         candidate_replicas = without_avoided(candidate_replicas, pending_request)
-        ranked = self._by_prefix(candidate_replicas, pending_request)
-        if len(candidate_replicas) < 2:
-            ranks = [candidate_replicas]
-        else:
-            # Where the best match has no room, the call goes where there is most.
-            by_room = [[replica] for replica in self._by_room(candidate_replicas)]
-            ranks = [ranked, *by_room] if ranked else by_room
-        if pending_request.kwargs.get(PICKING):
+        picking = picked_loads(pending_request)
+        # A pick (a request channel's) goes unseen by Serve's router, whose queue
+        # lengths then never move: the caller's own requests in flight count too.
+        self._caller_loads = picking
+        try:
+            ranked = self._by_prefix(candidate_replicas, pending_request)
+            if len(candidate_replicas) < 2:
+                ranks = [candidate_replicas]
+            else:
+                # Where the best match has no room, the call goes where there is most.
+                by_room = [[replica] for replica in self._by_room(candidate_replicas)]
+                ranks = [ranked, *by_room] if ranked else by_room
+        finally:
+            self._caller_loads = None
+        if picking is not None:
             # Serve takes the first replica of the first rank and sends nothing, so
             # no ``on_request_routed`` follows; the request goes there on a channel.
             first = next((rank[0] for rank in ranks if rank), None)
@@ -262,14 +271,18 @@ class PrefixRouter(PinnedRouter):
         replica more callers hold channels to would look busier for good); None if the
         router has not heard within Serve's cache timeout (sent nothing, probed nothing).
         Plus the requests it runs that came on request channels, which Serve does not
-        count, as it last reported them (the only word of its load once every request
-        from here rides a channel)."""
+        count, as it last reported them. In a pick (a request channel's, which Serve's
+        router never hears of), at least the picking caller's own requests in flight
+        there: the freshest word of its load."""
         known: int | None = self.replica_queue_len_cache.get(replica.replica_id)
         on_channels = self._channel_requests.get(replica.replica_id)
+        picking = self._caller_loads
+        mine = None if picking is None else picking.get(replica.replica_id.unique_id, 0)
         if known is None and on_channels is None:
-            return None
+            return mine
         calls = 0 if known is None else max(0, known - self._channels.get(replica.replica_id, 0))
-        return calls + (on_channels or 0)
+        reported = calls + (on_channels or 0)
+        return reported if mine is None else max(reported, mine)
 
 
 def common_keying(reported: set[BlockKeying], last: BlockKeying | None) -> BlockKeying | None:

@@ -92,8 +92,9 @@ class StepChannels:
         inboxes = self._inboxes
         if inboxes is None or no_replica_to_route_to(self._handle):
             return None
+        loads = {replica: len(channel.keys) for replica, channel in self._channels.items()}
         replica = await pick_replica(
-            self._handle, *start.args, self._caller, start.key, **start.kwargs
+            self._handle, *start.args, self._caller, start.key, loads=loads, **start.kwargs
         )
         inbox = None if replica is None else inboxes.get(replica)
         channel = None if replica is None else self._channels.get(replica)

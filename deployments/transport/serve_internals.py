@@ -201,17 +201,22 @@ def assignment_future(
 # the configured request router orders the replicas, and no slot is reserved on the
 # one picked (that costs a call to it, what a request channel saves).
 PICK_ONLY = {"_reserve": False}
-# The keyword argument that tells the graph's routers a call is a pick, not a call
-# (``PrefixRouter`` records where it sent the request then).
+# The keyword argument that tells the graph's routers a call is a pick, not a call,
+# with the picking caller's requests in flight (``PrefixRouter`` records where it sent
+# the request then).
 PICKING = "picking"
 
 
-async def pick_replica(handle: DeploymentHandle[Any], *args: Any, **kwargs: Any) -> str | None:
+async def pick_replica(
+    handle: DeploymentHandle[Any], *args: Any, loads: dict[str, int], **kwargs: Any
+) -> str | None:
     """The unique id of the replica ``handle``'s request router picks for a call with
     these arguments, nothing sent or reserved; None where Serve no longer picks so
-    (a Ray upgrade): the caller then makes the call as Serve routes it."""
+    (a Ray upgrade): the caller then makes the call as Serve routes it. ``loads``:
+    the caller's requests in flight by replica, which the graph's routers weigh
+    (``PICKING``), since Serve's router never hears of a request it only picked."""
     try:
-        picking = {**kwargs, **PICK_ONLY, PICKING: True}
+        picking = {**kwargs, **PICK_ONLY, PICKING: loads}
         async with handle.choose_replica(*args, **picking) as selection:
             return str(selection.replica_id)
     except (TypeError, AttributeError, RuntimeError) as exc:

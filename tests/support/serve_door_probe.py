@@ -137,7 +137,7 @@ class Probe:
     async def _picks(self) -> dict[str, Any]:
         """``pick_replica``'s picks (nothing sent): replica ids of Target's, and the
         replicas' own ids and max_ongoing_requests, from calls that Serve routes."""
-        picked = {await door.pick_replica(self._target) for _ in range(20)}
+        picked = {await door.pick_replica(self._target, loads={}) for _ in range(20)}
         identities = {tuple(await self._target.identity.remote()) for _ in range(20)}
         return {
             "picked": sorted(p for p in picked if p is not None),

@@ -31,7 +31,7 @@ from deployments.routing.engine_blocks import (
     ROUTING_STATS_KEY,
     EngineBlocks,
 )
-from deployments.routing.pinned_router import avoiding
+from deployments.routing.pinned_router import PinnedRouter, avoiding
 from deployments.routing.prefix_router import (
     PrefixRouter,
     _Held,
@@ -39,6 +39,7 @@ from deployments.routing.prefix_router import (
     prefix_choice,
     room_order,
 )
+from deployments.transport.serve_internals import PICKING
 
 KEYING = BlockKeying(block_size=4, hash_algo="sha256", seed="vllm-none-hash")
 
@@ -357,3 +358,52 @@ def test_the_step_channels_a_replica_reports_are_not_load() -> None:
         return [rank[0].replica_id.unique_id for rank in ranks]
 
     assert asyncio.run(scenario()) == ["held", "busy"]
+
+
+def test_a_pick_weighs_the_picking_callers_requests_in_flight_and_is_remembered() -> None:
+    """A request channel's pick (``serve_internals.pick_replica``): Serve's router hears
+    of no request it only picked, so its queue lengths stay unknown; the caller's own
+    requests in flight, passed with the pick, are the load, and the pick counts as a
+    send (the next turn of the conversation follows it)."""
+
+    async def scenario() -> tuple[str, str, str]:
+        router = _router()
+        stats = {ROUTING_STATS_KEY: EngineBlocks(KEYING).routing_stats(), KV_USE_KEY: 0.0}
+        replicas = [_Replica("a", stats), _Replica("b", stats)]
+        router.update_replicas(replicas)  # type: ignore[arg-type]
+        busy_a = {PICKING: {"a": 3, "b": 0}}
+        first = await router.choose_replicas(replicas, _call("t1", list(range(40)), **busy_a))  # type: ignore[arg-type]
+        # The conversation's next turn, picked: it follows the first (b) while b is not
+        # much busier (imbalance 8), and leaves it when b is.
+        turn = [*range(40), *range(100, 108)]
+        near = await router.choose_replicas(replicas, _call("t2", turn, **{PICKING: {"b": 5}}))  # type: ignore[arg-type]
+        far = await router.choose_replicas(replicas, _call("t3", turn, **{PICKING: {"b": 20}}))  # type: ignore[arg-type]
+        return (
+            first[0][0].replica_id.unique_id,
+            near[0][0].replica_id.unique_id,
+            far[0][0].replica_id.unique_id,
+        )
+
+    assert asyncio.run(scenario()) == ("b", "b", "a")
+
+
+def test_a_pinned_routers_pick_takes_the_less_loaded_of_its_two() -> None:
+    async def scenario() -> set[str]:
+        from ray.serve._private.common import DeploymentHandleSource, DeploymentID
+
+        router = PinnedRouter(
+            deployment_id=DeploymentID(name="Generate", app_name="default"),
+            handle_source=DeploymentHandleSource.UNKNOWN,
+        )
+        router.initialize_state()
+        replicas = [_Replica("a", {}), _Replica("b", {})]
+        router.update_replicas(replicas)  # type: ignore[arg-type]
+        firsts = set()
+        for i in range(20):
+            ranks = await router.choose_replicas(  # type: ignore[arg-type]
+                replicas, _call(f"p{i}", [1], **{PICKING: {"a": 4, "b": 1}})
+            )
+            firsts.add(ranks[0][0].replica_id.unique_id)
+        return firsts
+
+    assert asyncio.run(scenario()) == {"b"}
