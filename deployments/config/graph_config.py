@@ -281,9 +281,8 @@ class GraphConfig(_Strict):
         description="Derender replicas send their requests to Generate on a channel each "
         "Generate replica opens back to them (one item per event-loop turn), rather than "
         "a Serve call per request; Serve's router still picks the replica "
-        "(transport/request_channel.py). Off by default: such a request has no Serve "
-        "request context in Generate (no access line or Serve request id for that hop), "
-        "and no CPU saving has been measured yet.",
+        "(transport/request_channel.py). Off by default: Serve writes no access line for "
+        "a request that rides a channel, and no CPU saving has been measured yet.",
     )
     enforce_eager: bool = Field(False, description="Disable graph capture/compilation.")
     logits_processors: list[str] = Field(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from deployments.transport.request_channel import (
     Refused,
     Start,
 )
-from deployments.transport.serve_internals import pick_replica
+from deployments.transport.serve_internals import pick_replica, serve_request_fields
 from deployments.transport.step_channel import (
     STREAM_END,
     ChannelClosedError,
@@ -104,7 +105,7 @@ class StepChannels:
         if queue is None:  # cancelled while the router picked
             return None
         channel.keys.add(start.key)
-        inbox.put(start)
+        inbox.put(dataclasses.replace(start, request=serve_request_fields()))
         return replica
 
     def on_unsent(self, start: Start) -> None:

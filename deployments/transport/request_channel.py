@@ -37,6 +37,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from deployments.transport.serve_internals import RequestFields, enter_serve_request
 from deployments.transport.step_channel import (
     KEEPALIVE_S,
     STREAM_END,
@@ -56,6 +57,8 @@ class Start:
     method: str
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
+    request: RequestFields = ("", "", "")
+    """The caller's Serve request context, which the callee runs it in."""
 
 
 @dataclass(frozen=True)
@@ -237,6 +240,7 @@ class RequestReader:
 
     async def _request(self, message: Start) -> None:
         bound = False
+        enter_serve_request(message.request)  # this task's own context
         try:
             async for item in self._run(message, self._caller):
                 if isinstance(item, OnChannel):  # the rest is put by the method itself

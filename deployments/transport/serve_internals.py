@@ -117,6 +117,37 @@ def serve_request_id() -> str:
     return "" if context is None else str(context.request_id)
 
 
+# What a request channel carries of a request's Serve context: (route, request id, app).
+RequestFields = tuple[str, str, str]
+
+
+def serve_request_fields() -> RequestFields:
+    """The current request's Serve context as a request channel carries it to the
+    callee (``context._serve_request_context``); empty outside a request."""
+    try:
+        from ray.serve.context import _serve_request_context
+    except ImportError as exc:
+        raise ServeInternalsChanged(f"context._serve_request_context: {exc}") from exc
+    context = _serve_request_context.get()
+    if context is None:
+        return ("", "", "")
+    return (str(context.route), str(context.request_id), str(context.app_name))
+
+
+def enter_serve_request(fields: RequestFields) -> None:
+    """In a task of its own: run as part of the request ``fields`` name, as a handle
+    call of it would (``context._set_request_context``): Serve's log lines then carry
+    its request id, and ``serve_request_id`` reads it."""
+    if not any(fields):
+        return
+    try:
+        from ray.serve.context import _set_request_context
+    except ImportError as exc:
+        raise ServeInternalsChanged(f"context._set_request_context: {exc}") from exc
+    route, request_id, app_name = fields
+    _set_request_context(route=route, request_id=request_id, app_name=app_name)
+
+
 def serve_logger_name() -> str:
     """The logger Serve configures in each replica (``constants.SERVE_LOGGER_NAME``)."""
     try:

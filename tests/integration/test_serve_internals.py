@@ -91,3 +91,13 @@ def test_pick_replica_names_one_of_the_live_replicas(seen: dict[str, Any]) -> No
     assert not picks["none"], "pick_replica: choose_replica(_reserve=False) failed"
     assert set(picks["picked"]) <= set(picks["ids"]) and picks["picked"], picks
     assert picks["max_ongoing"] == [7], "replica_max_ongoing_requests: _deployment_config"
+
+
+def test_a_requests_serve_context_is_read_and_entered_in_a_task_of_its_own(
+    seen: dict[str, Any],
+) -> None:
+    # context._serve_request_context (read) and context._set_request_context (entered):
+    # what a request channel carries to the callee, and the id it then runs under.
+    _route, request_id, app = seen["request_fields"]
+    assert request_id == seen["request_id"] and app == "door", seen["request_fields"]
+    assert seen["entered_request_id"] == "entered-id", "enter_serve_request"

@@ -132,6 +132,13 @@ class Probe:
         ]
         seen["grpc_cap"] = door.replica_grpc_max_message_bytes()
         seen["picks"] = await self._picks()
+        seen["request_fields"] = list(door.serve_request_fields())
+        seen["entered_request_id"] = await _in_fresh_context(
+            lambda: (
+                door.enter_serve_request(("/x", "entered-id", "door")),
+                door.serve_request_id(),
+            )[1]
+        )
         return seen
 
     async def _picks(self) -> dict[str, Any]:
@@ -145,6 +152,17 @@ class Probe:
             "ids": sorted(i for i, _ in identities),
             "max_ongoing": sorted({m for _, m in identities}),
         }
+
+
+async def _in_fresh_context(run: Any) -> Any:
+    """``run()`` in a task whose context holds no Serve request, as a request channel's
+    task on the callee is."""
+    import contextvars
+
+    async def task() -> Any:
+        return run()
+
+    return await contextvars.Context().run(asyncio.create_task, task())
 
 
 def _view(view: door.RouterView | None) -> Any:

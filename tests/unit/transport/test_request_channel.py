@@ -22,6 +22,7 @@ from deployments.transport.request_channel import (
     RequestReader,
     Start,
 )
+from deployments.transport.serve_internals import serve_request_id
 from deployments.transport.step_channel import (
     STREAM_END,
     ChannelClosedError,
@@ -103,6 +104,9 @@ class _Callee:
         if message.method == "fails_on_channel":
             yield "before"
             raise RuntimeError("boom")
+        if message.method == "whoami_on_channel":
+            yield serve_request_id()
+            return
         if message.method == "unary_on_channel":
             yield {"answer": message.args[0]}
             return
@@ -331,3 +335,16 @@ def test_without_an_open_request_channel_the_call_is_made_at_once_and_nothing_pi
         return [method for method, _ in handle.calls]  # before anything awaited it
 
     assert asyncio.run(run()) == ["m_on_channel"]
+
+
+def test_a_request_runs_in_its_callers_serve_request() -> None:
+    async def run() -> list[Any]:
+        callee = _Callee()
+        request = ("/v1/chat/completions", "client-id-1", "default")
+        callee.channel.put_nowait([Start("w", "whoami_on_channel", (), {}, request)])
+        callee.channel.put_nowait([Start("x", "whoami_on_channel", ())])  # outside any
+        await asyncio.sleep(0.05)
+        callee.reader.stop()
+        return [item for _, item in callee.put if item is not STREAM_END]
+
+    assert asyncio.run(run()) == ["client-id-1", ""]
