@@ -86,7 +86,7 @@ class ChannelSource:
             lambda: handle.request_channel.remote(self._replica, replica=caller),
             caller,
             self._run_request,
-            lambda key, item: self._outboxes.get(caller).put(key, item),
+            lambda key, item, urgent: self._outboxes.get(caller).put(key, item, urgent),
             self._admits,
         )
         self._request_readers[caller] = reader

@@ -199,7 +199,7 @@ class RequestReader:
         call: Callable[[], Any],
         caller: str,
         run: Runner,
-        put: Callable[[str, Any], None],
+        put: Callable[[str, Any, bool], None],
         admits: Callable[[], bool],
     ) -> None:
         self._caller = caller
@@ -232,7 +232,7 @@ class RequestReader:
 
     def _start(self, message: Start) -> None:
         if not self._admits():
-            self._put(message.key, Refused())
+            self._put(message.key, Refused(), True)
             return
         detached = contextvars.Context()
         task = detached.run(asyncio.create_task, self._request(message))
@@ -242,20 +242,22 @@ class RequestReader:
         bound = False
         enter_serve_request(message.request)  # this task's own context
         try:
+            # What comes before a stream, and its first event, go at once (a call's
+            # first items wait for no window); the rest the method puts itself.
             async for item in self._run(message, self._caller):
-                if isinstance(item, OnChannel):  # the rest is put by the method itself
+                if isinstance(item, OnChannel):
                     bound = True
                     self.bound += 1
-                    self._put(message.key, item.first)
+                    self._put(message.key, item.first, True)
                 else:
-                    self._put(message.key, item)
+                    self._put(message.key, item, True)
             if not bound:
-                self._put(message.key, STREAM_END)
+                self._put(message.key, STREAM_END, True)
         except asyncio.CancelledError:
             pass
         except Exception as exc:
             with contextlib.suppress(ChannelClosedError):
-                self._put(message.key, Raised(exc))
+                self._put(message.key, Raised(exc), True)
         finally:
             self.running.pop(message.key, None)
             if bound:

@@ -87,15 +87,16 @@ class Outbox:
         self.closed = False
         self._ending = False
 
-    def put(self, key: str, item: Any) -> None:
-        """Queue ``item`` for the channel."""
+    def put(self, key: str, item: Any, urgent: bool = False) -> None:
+        """Queue ``item`` for the channel; ``urgent``: the batch goes at once, as a
+        stream's end does (a request's first items, which wait for no window)."""
         if self.closed:
             raise ChannelClosedError("the caller's step channel to this replica is closed")
         if not self._items:
             self._oldest = time.perf_counter()
         self._output = self._output or not without_output(item)
         self._items.append((key, plain(item)))
-        if item is STREAM_END:
+        if urgent or item is STREAM_END:
             self._flush.set()
         self._wake.set()
 

@@ -95,9 +95,15 @@ class _Callee:
             call,
             "caller",
             self._run,
-            lambda key, item: self.put.append((key, item)),
+            self._put,
             lambda: admits,
         )
+
+    def _put(self, key: str, item: Any, urgent: bool) -> None:
+        # Everything the reader itself puts goes at once: a request's first items
+        # (and its end, when it has no stream of its own) wait for no window.
+        assert urgent, (key, item)
+        self.put.append((key, item))
 
     async def _run(self, message: Start, caller: str) -> AsyncIterator[Any]:
         assert caller == "caller"

@@ -265,3 +265,19 @@ def test_open_channels_count_the_channel_calls_being_served() -> None:
         return counts
 
     assert asyncio.run(run()) == [0, 0, 2, 1]
+
+
+def test_an_urgent_event_goes_at_once_within_the_window() -> None:
+    """A request channel's first items (``request_channel.RequestReader``) wait for no
+    window, as a stream's first event on ``OnChannel`` does not (a minute here: the
+    test would time out)."""
+
+    async def run() -> list[tuple[str, object]]:
+        box = Outbox()
+        batches = box.batches(window_s=60)
+        box.put("a", "a1")
+        await anext(batches)
+        box.put("b", "b-first", urgent=True)
+        return await anext(batches)
+
+    assert asyncio.run(asyncio.wait_for(run(), timeout=30)) == [("b", "b-first")]
