@@ -240,8 +240,8 @@ class RequestReader:
 
     async def _request(self, message: Start) -> None:
         bound = False
-        enter_serve_request(message.request)  # this task's own context
         try:
+            enter_serve_request(message.request)  # this task's own context
             # What comes before a stream, and its first event, go at once (a call's
             # first items wait for no window); the rest the method puts itself.
             async for item in self._run(message, self._caller):
