@@ -126,7 +126,8 @@ class StepChannels:
 
     async def _on_channel(self, key: str, replica: str) -> AsyncIterator[Any]:
         """A request sent on ``replica``'s request channel: every item of it, from
-        its step channel; a ``Refused`` one as a handle call (``_refused``)."""
+        its step channel; a ``Refused`` one raises ``_RefusedError`` (``ChannelStream._read``
+        then makes it a handle call)."""
         queue = self._queues.get(key)
         if queue is None:
             return
