@@ -39,11 +39,11 @@ from typing import Any
 
 from deployments.transport.serve_internals import RequestFields, enter_serve_request
 from deployments.transport.step_channel import (
-    KEEPALIVE_S,
     STREAM_END,
     ChannelClosedError,
     OnChannel,
     WrongReplicaError,
+    woken,
 )
 
 logger = logging.getLogger("ray.serve")
@@ -107,10 +107,7 @@ class Inbox:
         ``sleep(0)`` first lets every request of the turn that woke it join."""
         try:
             while not self.closed:
-                try:
-                    async with asyncio.timeout(KEEPALIVE_S):
-                        await self._wake.wait()
-                except TimeoutError:
+                if not await woken(self._wake):
                     yield []  # fails once the callee is gone, which ends the channel
                     continue
                 await asyncio.sleep(0)

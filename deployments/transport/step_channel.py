@@ -73,6 +73,17 @@ class WrongReplicaError(RuntimeError):
     """A channel call reached a replica other than the one it was opened for."""
 
 
+async def woken(wake: asyncio.Event) -> bool:
+    """Whether ``wake`` was set within ``KEEPALIVE_S``; False: an idle channel's time to
+    send an empty batch, which fails once the other end is gone."""
+    try:
+        async with asyncio.timeout(KEEPALIVE_S):
+            await wake.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
 class Outbox:
     """One caller's events on one replica, drained by its channel call."""
 
@@ -122,10 +133,7 @@ class Outbox:
         last_sent = -math.inf
         metrics = graph_metrics()
         while True:
-            try:
-                async with asyncio.timeout(KEEPALIVE_S):
-                    await self._wake.wait()
-            except TimeoutError:
+            if not await woken(self._wake):
                 yield []  # fails once the caller is gone, which ends the channel
                 continue
             hold = last_sent + window_s - loop.time()
